@@ -1,0 +1,5 @@
+import sys
+
+from qwen3exp.cli import main
+
+sys.exit(main())

@@ -1,0 +1,182 @@
+"""The launcher: run directory, torchrun command, child process, signals, summary.
+
+`prepare()` does everything that can fail on a bad configuration (platform, mesh, batches, and
+building torchtitan's `Trainer.Config` once so torchtitan's own checks run) and raises ConfigError.
+`launch()` writes the run directory, starts torchrun in its own process group, forwards Ctrl-C and
+SIGTERM to the whole group (SIGKILL after `launcher.stop_timeout_s`), and writes `summary.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from qwen3exp import rundir
+from qwen3exp.errors import ConfigError, Problem
+from qwen3exp.platforms import PlatformFacts, resolve
+from qwen3exp.plan import Batches, Mesh, resolve_batches, resolve_mesh
+from qwen3exp.schema import Experiment
+
+EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+@dataclass
+class Prepared:
+    exp: Experiment
+    facts: PlatformFacts
+    mesh: Mesh
+    batches: Batches
+
+
+def prepare(exp: Experiment) -> Prepared:
+    """Resolve the platform and the mesh; raise ConfigError on any mismatch (cheap: no torchtitan)."""
+    facts = resolve(exp.platform, nproc_per_node=exp.launcher.nproc_per_node)
+    mesh = resolve_mesh(exp, facts)
+    return Prepared(exp, facts, mesh, resolve_batches(exp, mesh))
+
+
+def build_torchtitan_config(prep: Prepared, run_dir: Path):
+    """Build Trainer.Config once in the launcher: torchtitan's own checks fail here, not in 64 ranks."""
+    from qwen3exp.to_torchtitan import to_torchtitan
+
+    try:
+        return to_torchtitan(prep.exp, prep.facts, run_dir)
+    except (ValueError, AssertionError, TypeError, KeyError) as e:
+        raise ConfigError([Problem("(torchtitan Trainer.Config)", type(e).__name__, str(e) or repr(e))]) from None
+
+
+def torchrun_argv(prep: Prepared, run_dir: Path) -> list[str]:
+    la, mesh = prep.exp.launcher, prep.mesh
+    argv = [sys.executable, "-m", "torch.distributed.run",
+            "--nnodes", str(mesh.nnodes), "--nproc-per-node", str(mesh.nproc_per_node)]
+    if mesh.nnodes == 1 and not la.rdzv_endpoint:
+        # Like --standalone, but with a fixed run id so per-rank log paths are predictable.
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-id", "qwen3exp"]
+    else:
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", la.rdzv_endpoint,
+                 "--rdzv-id", prep.exp.name, "--node-rank", str(la.node_rank)]
+    argv += ["--max-restarts", str(la.max_restarts),
+             "--log-dir", str(run_dir / rundir.LOGS), "--tee", "3", "--local-ranks-filter", "0",
+             "-m", "qwen3exp.worker", str(run_dir)]
+    return argv
+
+
+def rank_env(prep: Prepared) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(prep.facts.env)
+    # Nothing is downloaded at run time: tokenizer, data and weights are local.
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("HF_DATASETS_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def write_run_files(prep: Prepared, run_dir: Path, trainer_config, argv: list[str]) -> None:
+    import yaml
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rundir.atomic_write_text(run_dir / rundir.EXPERIMENT,
+                             yaml.safe_dump(prep.exp.model_dump(mode="json"), sort_keys=False))
+    rundir.atomic_write_json(run_dir / rundir.PLATFORM, asdict(prep.facts))
+    rundir.atomic_write_json(run_dir / rundir.TORCHTITAN_CONFIG, trainer_config.to_dict())
+    rundir.atomic_write_text(run_dir / rundir.COMMAND, shlex.join(argv) + "\n")
+
+
+def first_rank_error(run_dir: Path) -> str | None:
+    errors = [rundir.read_json(p) for p in (run_dir / rundir.LOGS).glob("error_rank*.json")]
+    errors = [e for e in errors if e]
+    if not errors:
+        return None
+    first = min(errors, key=lambda e: e.get("time", 0))
+    return f"rank {first['rank']}: {first['type']}: {first['message']}"
+
+
+def summarize(prep: Prepared, run_dir: Path, *, exit_code: int, status: str, wall: float,
+              error: str | None) -> dict:
+    rows = rundir.read_metrics(run_dir)
+    summary = {
+        "status": status,
+        "exit_code": exit_code,
+        "world_size": prep.mesh.world_size,
+        "steps_completed": rows[-1]["step"] if rows else 0,
+        "first_loss": rows[0]["loss"] if rows else None,
+        "last_loss": rows[-1]["loss"] if rows else None,
+        "wall_seconds": round(wall, 3),
+        "error": error,
+        "platform": prep.facts.name,
+        "name": prep.exp.name,
+    }
+    rundir.atomic_write_json(run_dir / rundir.SUMMARY, summary)
+    return summary
+
+
+def run_torchrun(argv: list[str], env: dict, stop_timeout_s: float) -> tuple[int, int | None]:
+    """Start torchrun in its own process group; forward SIGINT/SIGTERM to the group.
+    Returns (exit code, the signal that stopped us or None)."""
+    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    received: list[int] = []
+    first_at: list[float] = []
+
+    def forward(signum, _frame):
+        received.append(signum)
+        first_at.append(time.monotonic())
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while True:
+            try:
+                code = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if first_at and time.monotonic() - first_at[0] > stop_timeout_s:
+                    os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        _kill_group(proc.pid)
+    return code, (received[0] if received else None)
+
+
+def _kill_group(pgid: int) -> None:
+    """No orphans: whatever is left of the process group is killed."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def launch(prep: Prepared, run_dir: Path) -> dict:
+    """Write the run directory, run torchrun, write summary.json; returns the summary."""
+    trainer_config = build_torchtitan_config(prep, run_dir)
+    argv = torchrun_argv(prep, run_dir)
+    write_run_files(prep, run_dir, trainer_config, argv)
+    (run_dir / rundir.METRICS).unlink(missing_ok=True)
+    print(f"qwen3exp: {prep.exp.name}: {prep.mesh.world_size} rank(s) on {prep.facts.name} "
+          f"({prep.facts.reason}); run directory {run_dir}", flush=True)
+    start = time.monotonic()
+    code, sig = run_torchrun(argv, rank_env(prep), prep.exp.launcher.stop_timeout_s)
+    wall = time.monotonic() - start
+    if sig is not None:
+        status, code, error = "interrupted", EXIT_SIGNAL[sig], f"stopped by {signal.Signals(sig).name}"
+    elif code == 0:
+        status, error = "completed", None
+    else:
+        status = "failed"
+        error = first_rank_error(run_dir) or f"torchrun exited with code {code}"
+    summary = summarize(prep, run_dir, exit_code=code, status=status, wall=wall, error=error)
+    last = summary["last_loss"]
+    print(f"qwen3exp: {status}: {run_dir}  last loss {last if last is None else f'{last:.4f}'}  "
+          f"wall {wall:.1f}s" + (f"\n  error: {error}" if error else ""), flush=True)
+    return summary

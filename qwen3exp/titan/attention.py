@@ -1,0 +1,47 @@
+"""Document-masked SDPA attention for torchtitan 0.3.0 language models.
+
+Why: torchtitan 0.3.0 rejects `attn_backend="sdpa"` for language models (its SDPA module only
+knows `is_causal`, so packed documents would attend across boundaries), FlexAttention has no CPU
+backward, and varlen needs flash attention. The Trainium walkthrough selects SDPA too. This module
+keeps torchtitan's packed-document semantics: its Config subclasses `VarlenAttention.Config`, so the
+trainer hands it per-document offsets (`VarlenMetadata`, built eagerly: no compiled block mask), and
+the forward turns them into a dense block-causal mask for `F.scaled_dot_product_attention`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torchtitan.models.common.attention import VarlenAttention, VarlenMetadata
+from torchtitan.protocols.module import Module
+
+
+def document_causal_mask(meta: VarlenMetadata, batch: int, seq_len: int, device) -> torch.Tensor:
+    """[batch, seq_len, seq_len] bool: True where query i may attend key j (same document, j <= i)."""
+    starts = torch.zeros(batch * seq_len + 1, dtype=torch.int32, device=device)
+    starts[meta.cu_seq_q.to(device=device, dtype=torch.long)] = 1
+    doc = torch.cumsum(starts[: batch * seq_len], 0).view(batch, seq_len)
+    same_doc = doc[:, :, None] == doc[:, None, :]
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
+    return same_doc & causal
+
+
+class DocumentSDPAttention(Module):
+    @dataclass(kw_only=True, slots=True)
+    class Config(VarlenAttention.Config):
+        """Subclassing VarlenAttention.Config makes the trainer build per-document offsets for us."""
+
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+
+    def forward(self, q_BLNH, k_BLNH, v_BLNH, *, attention_masks=None, scale=None, enable_gqa=False, **kwargs):
+        B, L = q_BLNH.shape[:2]
+        q, k, v = (t.transpose(1, 2) for t in (q_BLNH, k_BLNH, v_BLNH))
+        if isinstance(attention_masks, VarlenMetadata):
+            mask = document_causal_mask(attention_masks, B, L, q.device)[:, None]
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
+        else:  # no positions (e.g. a plain forward in a test): one causal document per row
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=enable_gqa)
+        return out.transpose(1, 2)

@@ -1,0 +1,58 @@
+"""Structured metrics: torchtitan's MetricsProcessor with one more logger that appends one JSON
+object per logged step to the run directory's metrics.jsonl (no scraping of colored log lines)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor, _get_metrics_rank
+
+
+class JsonlLogger(BaseLogger):
+    def __init__(self, path: str, *, peak_flops_known: bool):
+        self._f = open(path, "a", buffering=1)
+        self._peak_flops_known = peak_flops_known
+
+    def log(self, metrics: dict, step: int) -> None:
+        if "loss_metrics/global_avg_loss" not in metrics:
+            return  # validation metrics
+        mfu = metrics.get("mfu(%)") if self._peak_flops_known else None
+        row = {
+            "step": step,
+            "loss": metrics["loss_metrics/global_avg_loss"],
+            "grad_norm": metrics.get("grad_norm"),
+            "tokens_per_second": metrics.get("throughput(tps)"),
+            "memory_gib": metrics.get("memory/max_reserved(GiB)"),
+            "mfu": mfu,
+            "lr": next((v for k, v in metrics.items() if k.startswith("lr")), None),
+            "step_seconds": metrics.get("time_metrics/end_to_end(s)"),
+        }
+        self._f.write(json.dumps(row) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class JsonlMetricsProcessor(MetricsProcessor):
+    @dataclass(kw_only=True, slots=True)
+    class Config(MetricsProcessor.Config):
+        jsonl_path: str = ""
+        """Where the metrics rank appends one JSON object per logged step."""
+        peak_flops_known: bool = True
+        """False where torchtitan's MFU uses a fallback peak (CPU): mfu is then recorded as null."""
+
+    def _build_metric_logger(self, *, config, parallel_dims, pp_schedule, **kwargs) -> BaseLogger:
+        import torch.distributed as dist
+
+        inner = MetricsProcessor._build_metric_logger(
+            self, config=config, parallel_dims=parallel_dims, pp_schedule=pp_schedule, **kwargs)
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        if not config.jsonl_path or rank != _get_metrics_rank(parallel_dims=parallel_dims, pp_schedule=pp_schedule):
+            return inner
+        container = inner if isinstance(inner, LoggerContainer) else LoggerContainer()
+        container.add_logger(JsonlLogger(config.jsonl_path, peak_flops_known=config.peak_flops_known))
+        return container

@@ -1,0 +1,92 @@
+"""Build torchtitan's Qwen3 model config from a qwen3exp `Arch`.
+
+One builder for every flavor (torchtitan's, ours, and `auto` from a checkpoint's config.json), so a
+published checkpoint's exact dims, RoPE theta and norm eps reach the model. It reuses torchtitan's
+own layer builders (private helpers of `torchtitan.models.qwen3` in 0.3.0), so parameter
+initialisation is identical to upstream's flavors.
+"""
+
+from __future__ import annotations
+
+from qwen3exp.flavors import Arch
+
+
+def qwen3_model_config(arch: Arch, *, attention: str):
+    from torchtitan.models.common import CosSinRoPE, Embedding, Linear
+    from torchtitan.models.common.nn_modules import RMSNorm
+    from torchtitan.models.qwen3 import (
+        _EMBEDDING_INIT,
+        _EMBEDDING_SKIP_INIT,
+        _LINEAR_INIT,
+        _build_qwen3_layers,
+        _build_qwen3_moe_layers,
+        _qwen3_norm,
+    )
+    from torchtitan.models.qwen3.model import Qwen3Model
+
+    from qwen3exp.titan.attention import DocumentSDPAttention
+
+    rope = CosSinRoPE.Config(dim=arch.head_dim, max_seq_len=arch.max_seq_len, theta=arch.rope_theta)
+    common = dict(n_layers=arch.n_layers, dim=arch.dim, n_heads=arch.n_heads, n_kv_heads=arch.n_kv_heads,
+                  head_dim=arch.head_dim, fuse_qkv=True, rope=rope,
+                  # sdpa is rejected by torchtitan's builder; build with flex, then swap below.
+                  attn_backend="flex")
+    if arch.moe is None:
+        layers = _build_qwen3_layers(hidden_dim=arch.hidden_dim, **common)
+    else:
+        layers = _build_qwen3_moe_layers(moe_hidden_dim=arch.moe.hidden_dim, num_experts=arch.moe.num_experts,
+                                         top_k=arch.moe.top_k, moe_comm_backend="standard", **common)
+    if attention == "sdpa":
+        for layer in layers:
+            layer.attention.inner_attention = DocumentSDPAttention.Config()
+    config = Qwen3Model.Config(
+        vocab_size=arch.vocab_size,
+        dim=arch.dim,
+        norm=_qwen3_norm(arch.dim),
+        enable_weight_tying=arch.tied,
+        tok_embeddings=Embedding.Config(num_embeddings=arch.vocab_size, embedding_dim=arch.dim,
+                                        param_init=_EMBEDDING_SKIP_INIT if arch.tied else _EMBEDDING_INIT),
+        lm_head=Linear.Config(in_features=arch.dim, out_features=arch.vocab_size, param_init=_LINEAR_INIT),
+        layers=layers,
+    )
+    if arch.norm_eps != 1e-6:  # torchtitan's builders hard-code 1e-6
+        for _, norm, _, _ in config.traverse(RMSNorm.Config):
+            norm.eps = arch.norm_eps
+    return config
+
+
+def qwen3_model_spec(arch: Arch, *, flavor: str, attention: str, force_sum_reductions: bool):
+    from torchtitan.components.optimizer import register_moe_load_balancing_hook
+    from torchtitan.distributed.pipeline_parallel import pipeline_llm
+    from torchtitan.models.qwen3 import parallelize_qwen3
+    from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
+    from torchtitan.protocols.model_spec import ModelSpec
+
+    parallelize = parallelize_qwen3
+    if force_sum_reductions:
+        parallelize = _with_sum_reductions(parallelize_qwen3)
+    return ModelSpec(
+        name="qwen3",
+        flavor=flavor,
+        model=qwen3_model_config(arch, attention=attention),
+        parallelize_fn=parallelize,
+        pipelining_fn=pipeline_llm,
+        post_optimizer_build_fn=register_moe_load_balancing_hook,
+        state_dict_adapter=Qwen3StateDictAdapter,
+    )
+
+
+def _with_sum_reductions(parallelize_fn):
+    """gloo has no ReduceOp.PREMUL_SUM, which FSDP uses once torchtitan sets a gradient divide
+    factor; force plain SUM (torchtitan scales gradients by the global token count itself)."""
+
+    def parallelize(model, **kwargs):
+        from torch.distributed.fsdp import FSDPModule
+
+        model = parallelize_fn(model, **kwargs)
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_force_sum_reduction_for_comms(True)
+        return model
+
+    return parallelize

@@ -1,0 +1,108 @@
+"""The conversion: a validated Experiment (+ resolved platform) -> torchtitan's `Trainer.Config`.
+
+One pure, deterministic function, run once in the launcher (so torchtitan's own checks fail before
+any worker starts) and again in every rank (the qwen3 `Trainer.Config` holds closures and cannot be
+pickled). torchtitan is imported inside the function only. Its one side effect, registering the
+local dataset in torchtitan's dataset table, is idempotent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from qwen3exp.assets import CORPUS_DIR, TOKENIZER_DIR
+from qwen3exp.flavors import Arch
+from qwen3exp.platforms import PlatformFacts
+from qwen3exp.schema import Experiment
+
+
+def resolve_arch(exp: Experiment) -> Arch:
+    """The model architecture: the flavor's numbers with the experiment's reductions applied."""
+    arch = exp.model.arch()
+    assert arch is not None, "flavor=auto is resolved from config.json by the checkpoint support"
+    return arch
+
+
+def hf_assets_path(exp: Experiment) -> Path:
+    return Path(exp.model.hf_assets_path) if exp.model.hf_assets_path else TOKENIZER_DIR
+
+
+def data_path(exp: Experiment) -> Path:
+    match exp.data.source:
+        case "bundled":
+            return CORPUS_DIR
+        case "local":
+            return Path(exp.data.path)
+    raise AssertionError(exp.data)
+
+
+def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
+    from torchtitan.components.checkpoint import CheckpointManager
+    from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
+    from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
+    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+    from torchtitan.config.configs import DebugConfig
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+    from torchtitan.trainer import Trainer
+
+    from qwen3exp import rundir
+    from qwen3exp.titan import dataset
+    from qwen3exp.titan.metrics import JsonlMetricsProcessor
+    from qwen3exp.titan.model import qwen3_model_spec
+
+    t, p = exp.training, exp.parallelism
+    arch = resolve_arch(exp)
+    attention = facts.attention if exp.model.attention == "auto" else exp.model.attention
+    model_spec = qwen3_model_spec(arch, flavor=exp.model.flavor, attention=attention,
+                                  force_sum_reductions=facts.force_sum_reductions)
+    data = data_path(exp)
+    text_field = exp.data.text_field if exp.data.source == "local" else "text"
+    match t.activation_checkpoint:
+        case "none":
+            ac = None
+        case "selective":
+            ac = SelectiveAC.Config()
+        case "full":
+            ac = FullAC.Config()
+    config = Trainer.Config(
+        model_spec=model_spec,
+        hf_assets_path=str(hf_assets_path(exp)),
+        dump_folder=str(run_dir),
+        metrics=JsonlMetricsProcessor.Config(
+            log_freq=exp.metrics.log_freq,
+            enable_tensorboard=exp.metrics.tensorboard,
+            enable_wandb=exp.metrics.wandb,
+            jsonl_path=str(run_dir / rundir.METRICS),
+            peak_flops_known=facts.peak_flops_per_rank is not None,
+        ),
+        dataloader=HuggingFaceTextDataLoader.Config(
+            dataset=dataset.register(str(data), text_field), dataset_path=str(data), infinite=True),
+        optimizer=default_adamw(lr=t.lr, weight_decay=t.weight_decay),
+        lr_scheduler=LRSchedulersContainer.Config(
+            warmup_steps=t.warmup_steps, decay_type=t.decay_type, min_lr_factor=t.min_lr_factor),
+        training=TrainingConfig(
+            local_batch_size=t.local_batch_size,
+            global_batch_size=t.global_batch_size,
+            seq_len=t.seq_len,
+            max_norm=t.max_norm,
+            steps=t.steps,
+            dtype=t.dtype,
+            mixed_precision_param=t.mixed_precision_param,
+        ),
+        parallelism=ParallelismConfig(
+            data_parallel_replicate_degree=p.dp_replicate,
+            data_parallel_shard_degree=p.dp_shard,
+            tensor_parallel_degree=p.tp,
+            pipeline_parallel_degree=p.pp,
+            context_parallel_degree=p.cp,
+            expert_parallel_degree=p.ep,
+        ),
+        checkpoint=CheckpointManager.Config(enable=False, folder=rundir.CHECKPOINT),
+        activation_checkpoint=ac,
+        compile=CompileConfig(enable=t.compile, backend=facts.compile_backend),
+        debug=DebugConfig(seed=t.seed, deterministic=t.deterministic),
+        loss=ChunkedLossWrapper.Config(
+            loss_fn=CrossEntropyLoss.Config(global_vocab_size=arch.vocab_size)),
+    )
+    return config
