@@ -1,0 +1,56 @@
+"""Shared test helpers: run the real command line in a subprocess, compose configs in-process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CONF = REPO / "conf"
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600,
+            module: str = "qwen3exp") -> subprocess.CompletedProcess:
+    """`python -m qwen3exp ARGS` in a subprocess (the way a user runs it)."""
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.setdefault("HF_HUB_OFFLINE", "1")
+    if env:
+        full_env.update(env)
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd or REPO, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def read_summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def compose(*overrides: str) -> dict:
+    """Compose conf/ with overrides (as the command line would), returning the plain experiment."""
+    from qwen3exp.compose import _global_experiment, compose_point
+
+    return compose_point([_global_experiment(o) for o in overrides]).data
+
+
+def all_conf_files() -> list[tuple[str, str]]:
+    """(group, option) for every YAML under conf/ except the root config."""
+    out = []
+    for path in sorted(CONF.rglob("*.yaml")):
+        if path.parent == CONF:
+            continue
+        out.append((path.parent.name, path.stem))
+    return out
+
+
+@pytest.fixture
+def run_dir(tmp_path) -> Path:
+    return tmp_path / "run"
