@@ -45,6 +45,49 @@ def preflight(inv: Invocation) -> list[tuple[list[str], Experiment, str]]:
     return out
 
 
+def rerun_problem(exp: Experiment, run_dir: Path) -> Problem | None:
+    """A directory that holds a run is never overwritten. The one exception is resuming: with
+    checkpoint=dcp and the identical resolved experiment (same experiment.yaml content hash) the
+    run continues from its latest checkpoint. None: the rerun may go ahead."""
+    new = rundir.experiment_yaml(exp.model_dump(mode="json"))
+    try:
+        old = (run_dir / rundir.EXPERIMENT).read_text()
+    except OSError:
+        old = None
+    if exp.checkpoint.kind == "dcp" and old is not None and rundir.sha256(old) == rundir.sha256(new):
+        return None
+    if exp.checkpoint.kind != "dcp":
+        message = "already holds a run; it is never overwritten (only checkpoint=dcp reruns resume)"
+    elif old is None:
+        message = f"already holds files of a run but no {rundir.EXPERIMENT}; cannot resume"
+    else:
+        changed = _changed_keys(old, new)
+        message = (f"holds a run of a different experiment (experiment.yaml sha256 {rundir.sha256(old)[:12]}, "
+                   f"this one {rundir.sha256(new)[:12]}; differing keys: {', '.join(changed) or '?'}); "
+                   "a dcp rerun resumes only the identical experiment")
+    return Problem("hydra.run.dir", str(run_dir), message, "a new directory (the default adds a timestamp)",
+                   "choose another name=... or hydra.run.dir=..., or rerun with exactly the same settings")
+
+
+def _changed_keys(old: str, new: str) -> list[str]:
+    import yaml
+
+    def flat(d, prefix=""):
+        out = {}
+        for k, v in (d or {}).items():
+            if isinstance(v, dict):
+                out.update(flat(v, f"{prefix}{k}."))
+            else:
+                out[f"{prefix}{k}"] = v
+        return out
+
+    try:
+        a, b = flat(yaml.safe_load(old)), flat(yaml.safe_load(new))
+    except yaml.YAMLError:
+        return []
+    return sorted(k for k in a.keys() | b.keys() if a.get(k, object()) != b.get(k, object()))
+
+
 def _task(cfg) -> None:
     """One Hydra job: validate (cheap, already checked), launch torchrun, record the summary."""
     from hydra.core.hydra_config import HydraConfig
@@ -107,10 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         run_dir = Path(points[0][2])
         if rundir.looks_like_run(run_dir):
-            print(ConfigError([Problem("hydra.run.dir", str(run_dir), "already holds a run; it is never overwritten",
-                                       "a new directory (the default adds a timestamp)",
-                                       "choose another name=... or hydra.run.dir=...")]).render(), file=sys.stderr)
-            return EXIT_CONFIG_ERROR
+            problem = rerun_problem(points[0][1], run_dir)
+            if problem is not None:
+                print(ConfigError([problem]).render(), file=sys.stderr)
+                return EXIT_CONFIG_ERROR
         extra = [f"hydra.run.dir={run_dir}"]
     _results.clear()
     _run_hydra(inv, extra)

@@ -139,39 +139,131 @@ def read_hf_config(folder: str | Path) -> dict:
 
 
 def arch_from_hf_config(cfg: dict) -> Arch:
-    """The native architecture that holds a published Qwen3 / Qwen3-MoE checkpoint exactly."""
+    """The native architecture that holds a published Qwen3 / Qwen3-MoE checkpoint exactly.
+
+    Raises HFConfigError for anything the native Qwen3 cannot represent exactly (other
+    architectures, RoPE scaling, attention bias, sliding windows, mixed dense/MoE layouts,
+    unnormalised top-k routing), so such a checkpoint is refused instead of trained subtly wrong."""
     archs = cfg.get("architectures") or []
     if not any(a in HF_ARCHITECTURES for a in archs) and cfg.get("model_type") not in ("qwen3", "qwen3_moe"):
         raise HFConfigError(
             f"architecture {archs or cfg.get('model_type')!r} is not Qwen3; allowed: {', '.join(HF_ARCHITECTURES)}"
         )
+    unsupported = []
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rope_type not in ("default", None):
+        unsupported.append(f"RoPE scaling {rope_type!r} (native Qwen3 has plain RoPE)")
+    if cfg.get("attention_bias"):
+        unsupported.append("attention_bias=true")
+    if cfg.get("use_sliding_window"):
+        unsupported.append("use_sliding_window=true")
+    if cfg.get("hidden_act", "silu") != "silu":
+        unsupported.append(f"hidden_act={cfg.get('hidden_act')!r} (native Qwen3 uses silu)")
     try:
         dim = int(cfg["hidden_size"])
         n_heads = int(cfg["num_attention_heads"])
-        rope = cfg.get("rope_parameters") or {}
-        theta = float(cfg.get("rope_theta", rope.get("rope_theta", 1e6)))
+        # Missing keys take transformers' Qwen3Config defaults, as AutoConfig would.
+        theta = float(cfg.get("rope_theta") or (rope or {}).get("rope_theta") or 10000.0)
         moe = None
-        if cfg.get("num_experts"):
-            moe = MoEArch(num_experts=int(cfg["num_experts"]), top_k=int(cfg["num_experts_per_tok"]),
+        # transformers 5 writes num_local_experts; published 4.x configs say num_experts.
+        experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+        if experts:
+            moe = MoEArch(num_experts=int(experts), top_k=int(cfg["num_experts_per_tok"]),
                           hidden_dim=int(cfg["moe_intermediate_size"]))
             if int(cfg.get("decoder_sparse_step", 1)) != 1 or cfg.get("mlp_only_layers"):
-                raise HFConfigError("mixed dense/MoE layer layouts (decoder_sparse_step, mlp_only_layers) are not supported")
+                unsupported.append("mixed dense/MoE layer layouts (decoder_sparse_step, mlp_only_layers)")
+            if not cfg.get("norm_topk_prob", True):
+                unsupported.append("norm_topk_prob=false (native Qwen3 MoE normalises the top-k weights)")
+        if unsupported:
+            raise HFConfigError("not representable by the native Qwen3: " + "; ".join(unsupported))
         return Arch(
             n_layers=int(cfg["num_hidden_layers"]),
             dim=dim,
             n_heads=n_heads,
-            n_kv_heads=int(cfg.get("num_key_value_heads", n_heads)),
+            n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
             head_dim=int(cfg.get("head_dim") or dim // n_heads),
             hidden_dim=int(cfg.get("intermediate_size") or (moe.hidden_dim if moe else 0)),
             vocab_size=int(cfg["vocab_size"]),
             tied=bool(cfg.get("tie_word_embeddings", False)),
             rope_theta=theta,
-            max_seq_len=int(cfg.get("max_position_embeddings", 40960)),
+            max_seq_len=int(cfg.get("max_position_embeddings", 32768)),
             norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             moe=moe,
         )
     except KeyError as e:
         raise HFConfigError(f"config.json lacks {e.args[0]!r}") from e
+
+
+def hf_param_shapes(arch: Arch) -> dict[str, tuple[int, ...]]:
+    """The tensors of the Hugging Face checkpoint that holds `arch` (names as published Qwen3
+    safetensors spell them; MoE experts one by one). lm_head.weight is listed only when untied."""
+    d, hd = arch.dim, arch.head_dim
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (arch.vocab_size, d), "model.norm.weight": (d,)}
+    if not arch.tied:
+        out["lm_head.weight"] = (arch.vocab_size, d)
+    for i in range(arch.n_layers):
+        p = f"model.layers.{i}."
+        out.update({
+            p + "input_layernorm.weight": (d,),
+            p + "post_attention_layernorm.weight": (d,),
+            p + "self_attn.q_proj.weight": (arch.n_heads * hd, d),
+            p + "self_attn.k_proj.weight": (arch.n_kv_heads * hd, d),
+            p + "self_attn.v_proj.weight": (arch.n_kv_heads * hd, d),
+            p + "self_attn.o_proj.weight": (d, arch.n_heads * hd),
+            p + "self_attn.q_norm.weight": (hd,),
+            p + "self_attn.k_norm.weight": (hd,),
+        })
+        if arch.moe is None:
+            f = arch.hidden_dim
+            out.update({p + "mlp.gate_proj.weight": (f, d), p + "mlp.up_proj.weight": (f, d),
+                        p + "mlp.down_proj.weight": (d, f)})
+        else:
+            f = arch.moe.hidden_dim
+            out[p + "mlp.gate.weight"] = (arch.moe.num_experts, d)
+            for e in range(arch.moe.num_experts):
+                q = f"{p}mlp.experts.{e}."
+                out.update({q + "gate_proj.weight": (f, d), q + "up_proj.weight": (f, d),
+                            q + "down_proj.weight": (d, f)})
+    return out
+
+
+# Arch field -> the config.json key that holds it (for messages that name the user's keys).
+HF_KEYS = {
+    "n_layers": "num_hidden_layers", "dim": "hidden_size", "n_heads": "num_attention_heads",
+    "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim", "hidden_dim": "intermediate_size",
+    "vocab_size": "vocab_size", "tied": "tie_word_embeddings", "rope_theta": "rope_theta",
+    "norm_eps": "rms_norm_eps", "moe": "num_experts", "moe.num_experts": "num_experts",
+    "moe.top_k": "num_experts_per_tok", "moe.hidden_dim": "moe_intermediate_size",
+}
+
+
+def hf_config_from_arch(arch: Arch, base: dict | None = None) -> dict:
+    """A Qwen3 config.json describing `arch`: `base` (the source checkpoint's config.json, whose
+    other keys such as token ids are kept) with every architecture key set from `arch`."""
+    cfg = dict(base or {})
+    moe = arch.moe is not None
+    cfg.update(
+        architectures=["Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"],
+        model_type="qwen3_moe" if moe else "qwen3",
+        vocab_size=arch.vocab_size, hidden_size=arch.dim, num_hidden_layers=arch.n_layers,
+        num_attention_heads=arch.n_heads, num_key_value_heads=arch.n_kv_heads, head_dim=arch.head_dim,
+        intermediate_size=arch.hidden_dim, max_position_embeddings=arch.max_seq_len,
+        rms_norm_eps=arch.norm_eps, tie_word_embeddings=arch.tied, hidden_act="silu",
+        attention_bias=False, use_sliding_window=False,
+    )
+    if isinstance(cfg.get("rope_parameters"), dict):
+        cfg["rope_parameters"] = {**cfg["rope_parameters"], "rope_theta": arch.rope_theta}
+    else:
+        cfg["rope_theta"] = arch.rope_theta
+    if "layer_types" in cfg:  # transformers checks its length against num_hidden_layers
+        cfg["layer_types"] = ["full_attention"] * arch.n_layers
+    if moe:
+        cfg.pop("num_local_experts", None)
+        cfg.update(num_experts=arch.moe.num_experts, num_experts_per_tok=arch.moe.top_k,
+                   moe_intermediate_size=arch.moe.hidden_dim, norm_topk_prob=True,
+                   decoder_sparse_step=1, mlp_only_layers=[])
+    return cfg
 
 
 def arch_differences(a: Arch, b: Arch) -> list[tuple[str, object, object]]:

@@ -18,10 +18,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from qwen3exp import rundir
+from qwen3exp import model_files, rundir
 from qwen3exp.errors import ConfigError, Problem
 from qwen3exp.platforms import PlatformFacts, resolve
 from qwen3exp.plan import Batches, Mesh, resolve_batches, resolve_mesh
+from qwen3exp.model_files import ModelFiles
 from qwen3exp.schema import Experiment
 
 EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -33,13 +34,16 @@ class Prepared:
     facts: PlatformFacts
     mesh: Mesh
     batches: Batches
+    files: ModelFiles
 
 
 def prepare(exp: Experiment) -> Prepared:
-    """Resolve the platform and the mesh; raise ConfigError on any mismatch (cheap: no torchtitan)."""
+    """Check the model's files, resolve the platform and the mesh; raise ConfigError on any
+    mismatch (cheap: no torchtitan, only JSON and safetensors headers are read)."""
+    files = model_files.check(exp)
     facts = resolve(exp.platform, nproc_per_node=exp.launcher.nproc_per_node)
     mesh = resolve_mesh(exp, facts)
-    return Prepared(exp, facts, mesh, resolve_batches(exp, mesh))
+    return Prepared(exp, facts, mesh, resolve_batches(exp, mesh), files)
 
 
 def build_torchtitan_config(prep: Prepared, run_dir: Path):
@@ -80,11 +84,8 @@ def rank_env(prep: Prepared) -> dict[str, str]:
 
 
 def write_run_files(prep: Prepared, run_dir: Path, trainer_config, argv: list[str]) -> None:
-    import yaml
-
     run_dir.mkdir(parents=True, exist_ok=True)
-    rundir.atomic_write_text(run_dir / rundir.EXPERIMENT,
-                             yaml.safe_dump(prep.exp.model_dump(mode="json"), sort_keys=False))
+    rundir.atomic_write_text(run_dir / rundir.EXPERIMENT, rundir.experiment_yaml(prep.exp.model_dump(mode="json")))
     rundir.atomic_write_json(run_dir / rundir.PLATFORM, asdict(prep.facts))
     rundir.atomic_write_json(run_dir / rundir.TORCHTITAN_CONFIG, trainer_config.to_dict())
     rundir.atomic_write_text(run_dir / rundir.COMMAND, shlex.join(argv) + "\n")
@@ -100,8 +101,10 @@ def first_rank_error(run_dir: Path) -> str | None:
 
 
 def summarize(prep: Prepared, run_dir: Path, *, exit_code: int, status: str, wall: float,
-              error: str | None) -> dict:
+              error: str | None, resumed_from: int | None = None, export: dict | None = None) -> dict:
     rows = rundir.read_metrics(run_dir)
+    step1 = next((r["loss"] for r in rows if r["step"] == 1), None)
+    weights = prep.files.weights
     summary = {
         "status": status,
         "exit_code": exit_code,
@@ -113,9 +116,29 @@ def summarize(prep: Prepared, run_dir: Path, *, exit_code: int, status: str, wal
         "error": error,
         "platform": prep.facts.name,
         "name": prep.exp.name,
+        # The 6.54-vs-12.43 check in one look: step-1 loss and where the step-0 weights came from.
+        "step1_loss": step1,
+        "weights_loaded": weights is not None and step1 is not None,
+        "weights_source": str(weights) if weights is not None else None,
+        "checkpoint": prep.exp.checkpoint.kind,
+        "resumed_from_step": resumed_from,
+        "export": export,
     }
     rundir.atomic_write_json(run_dir / rundir.SUMMARY, summary)
     return summary
+
+
+def finish_export(prep: Prepared, run_dir: Path) -> dict:
+    """Complete torchtitan's HF export into a from_pretrained folder and verify it."""
+    from qwen3exp import hf_export
+
+    exp, files = prep.exp, prep.files
+    folder = hf_export.export_folder(run_dir, exp.training.steps)
+    if not folder.is_dir():
+        return {"path": str(folder), "ok": False, "error": "torchtitan wrote no export folder"}
+    source = model_files.hf_model_folder(exp)[1] if exp.model.backend == "hf" else files.folder
+    hf_export.complete(folder, arch=files.arch, assets=files.folder, config_source=source, dtype=exp.checkpoint.dtype)
+    return hf_export.verify(folder, tied=files.arch.tied)
 
 
 def run_torchrun(argv: list[str], env: dict, stop_timeout_s: float) -> tuple[int, int | None]:
@@ -161,10 +184,15 @@ def launch(prep: Prepared, run_dir: Path) -> dict:
     """Write the run directory, run torchrun, write summary.json; returns the summary."""
     trainer_config = build_torchtitan_config(prep, run_dir)
     argv = torchrun_argv(prep, run_dir)
+    resumed_from = rundir.latest_checkpoint_step(run_dir) if prep.exp.checkpoint.kind == "dcp" else None
     write_run_files(prep, run_dir, trainer_config, argv)
-    (run_dir / rundir.METRICS).unlink(missing_ok=True)
+    if resumed_from is not None:  # torchtitan resumes there; the later rows are written again
+        rundir.truncate_metrics(run_dir, resumed_from)
+    else:
+        (run_dir / rundir.METRICS).unlink(missing_ok=True)
     print(f"qwen3exp: {prep.exp.name}: {prep.mesh.world_size} rank(s) on {prep.facts.name} "
-          f"({prep.facts.reason}); run directory {run_dir}", flush=True)
+          f"({prep.facts.reason}); run directory {run_dir}"
+          + (f"; resuming from checkpoint step {resumed_from}" if resumed_from is not None else ""), flush=True)
     start = time.monotonic()
     code, sig = run_torchrun(argv, rank_env(prep), prep.exp.launcher.stop_timeout_s)
     wall = time.monotonic() - start
@@ -175,7 +203,13 @@ def launch(prep: Prepared, run_dir: Path) -> dict:
     else:
         status = "failed"
         error = first_rank_error(run_dir) or f"torchrun exited with code {code}"
-    summary = summarize(prep, run_dir, exit_code=code, status=status, wall=wall, error=error)
+    export = None
+    if status == "completed" and prep.exp.checkpoint.kind in ("hf_export", "hf_roundtrip"):
+        export = finish_export(prep, run_dir)
+        if not export["ok"]:
+            status, code, error = "failed", 1, f"the Hugging Face export does not verify: {export['error']}"
+    summary = summarize(prep, run_dir, exit_code=code, status=status, wall=wall, error=error,
+                        resumed_from=resumed_from, export=export)
     last = summary["last_loss"]
     print(f"qwen3exp: {status}: {run_dir}  last loss {last if last is None else f'{last:.4f}'}  "
           f"wall {wall:.1f}s" + (f"\n  error: {error}" if error else ""), flush=True)

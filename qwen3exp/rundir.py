@@ -8,8 +8,10 @@ and, when checkpointing is on, `checkpoint/`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -71,3 +73,28 @@ def read_metrics(run_dir: Path) -> list[dict]:
 def looks_like_run(run_dir: Path) -> bool:
     """True when the folder already holds a qwen3exp run (never silently overwritten)."""
     return any((run_dir / name).exists() for name in (EXPERIMENT, SUMMARY, METRICS))
+
+
+def experiment_yaml(data: dict) -> str:
+    """The resolved experiment as written to experiment.yaml (deterministic: reruns compare it)."""
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def latest_checkpoint_step(run_dir: Path) -> int | None:
+    """The newest complete DCP checkpoint `checkpoint/step-N` (with .metadata), as torchtitan
+    resumes from it; None when there is none."""
+    steps = [int(m.group(1)) for p in (run_dir / CHECKPOINT).glob("step-*")
+             if (m := re.fullmatch(r"step-(\d+)", p.name)) and (p / ".metadata").is_file()]
+    return max(steps) if steps else None
+
+
+def truncate_metrics(run_dir: Path, last_step: int) -> None:
+    """Keep the metrics rows up to `last_step` (a resumed run appends the later steps again)."""
+    rows = [r for r in read_metrics(run_dir) if r.get("step", 0) <= last_step]
+    atomic_write_text(run_dir / METRICS, "".join(json.dumps(r) + "\n" for r in rows))

@@ -33,10 +33,11 @@ class NativeModel(_Strict):
     flavor: str = "tiny"
     """A torchtitan Qwen3 flavor (0.6B, 1.7B, 4B, 8B, 14B, 32B, 30B-A3B, 235B-A22B, debugmodel, ...),
     a qwen3exp flavor (tiny, tiny_moe), or `auto` to read the architecture from
-    `hf_assets_path/config.json`."""
+    `hf_assets_path/config.json`. With an explicit flavor and a folder holding config.json, the two
+    must describe the same architecture (checked before launch, every differing key named)."""
     hf_assets_path: str | None = None
-    """Folder with tokenizer files (and config.json / safetensors for checkpoints). None: the
-    tokenizer bundled with qwen3exp."""
+    """Folder with tokenizer files (and config.json / safetensors for checkpoints). None: the folder
+    bundled with qwen3exp (tokenizer, vocab 2048, and the config.json of the `tiny` flavor)."""
     attention: Literal["auto", "sdpa", "flex"] = "auto"
     """Attention kernel. auto: the platform's choice (flex on CUDA, sdpa on CPU and Neuron)."""
     n_layers: PosInt | None = None
@@ -53,10 +54,6 @@ class NativeModel(_Strict):
                 _tagged("flavor", self.flavor, "unknown flavor", one_of(["auto", *FLAVORS]),
                         did_you_mean(self.flavor, list(FLAVORS)))
             )
-        if self.flavor == "auto" and self.hf_assets_path is None:
-            raise ValueError(_tagged("hf_assets_path", None,
-                                     "flavor=auto reads config.json from hf_assets_path, which is not set",
-                                     "a folder holding config.json"))
         return self
 
     def arch(self) -> Arch | None:
@@ -67,7 +64,26 @@ class NativeModel(_Strict):
         return arch.reduced(n_layers=self.n_layers, num_experts=self.num_experts, top_k=self.top_k)
 
 
-Model = Annotated[Union[NativeModel], Field(discriminator="backend")]
+class HFModel(_Strict):
+    """Hugging Face Transformers v5 as torchtitan's modeling backend: `AutoModelForCausalLM` built
+    from a local folder's config.json (offline)."""
+
+    backend: Literal["hf"] = "hf"
+    hf_assets_path: str | None = None
+    """Folder with config.json, tokenizer files and (for hf_load) safetensors. None: the folder
+    bundled with qwen3exp (a `tiny`-sized Qwen3 config.json and the vocab-2048 tokenizer)."""
+    hf_model: str | None = None
+    """Where AutoConfig reads the architecture: a local folder or a Hub id present in the local
+    Hugging Face cache (nothing is downloaded). None: hf_assets_path."""
+    attention: Literal["auto", "sdpa", "flex"] = "auto"
+    """Attention kernel. auto: the platform's choice (flex on CUDA, sdpa on CPU and Neuron)."""
+
+    def arch(self) -> Arch | None:
+        """Read from config.json before launch (None here: the schema touches no files)."""
+        return None
+
+
+Model = Annotated[Union[NativeModel, HFModel], Field(discriminator="backend")]
 
 
 # ------------------------------------------------------------------------------------ training
@@ -130,10 +146,64 @@ class Kernels(_Strict):
 
 # ---------------------------------------------------------------------------------- checkpoint
 class NoCheckpoint(_Strict):
+    """No checkpoints: random init, nothing saved."""
+
     kind: Literal["none"] = "none"
 
 
-Checkpoint = Annotated[Union[NoCheckpoint], Field(discriminator="kind")]
+class DcpCheckpoint(_Strict):
+    """torchtitan distributed checkpoints (model, optimizer, lr schedule, data position) under
+    `<run dir>/checkpoint/step-N`. A rerun into the same run directory with the identical
+    experiment resumes from the latest step."""
+
+    kind: Literal["dcp"] = "dcp"
+    interval: PosInt = 500
+    """Save every `interval` steps (and always at the last step)."""
+    keep_latest_k: NonNegInt = 2
+    """Keep the newest k checkpoints; 0 keeps all (torchtitan refuses 1)."""
+
+    @model_validator(mode="after")
+    def _keep(self) -> DcpCheckpoint:
+        if self.keep_latest_k == 1:
+            raise ValueError(_tagged("keep_latest_k", 1, "torchtitan keeps at least 2 (the newest may still be writing)",
+                                     "0 (keep all) or an integer >= 2"))
+        return self
+
+
+ExportDtype = Literal["float32", "bfloat16", "float16"]
+
+
+class HFLoad(_Strict):
+    """Start from published Hugging Face safetensors (model weights only) at step 0."""
+
+    kind: Literal["hf_load"] = "hf_load"
+    path: str | None = None
+    """Folder with the safetensors (and model.safetensors.index.json when sharded). None: model.hf_assets_path."""
+
+
+class HFExport(_Strict):
+    """Save the last step as a complete Hugging Face folder (weights, index, config.json, tokenizer
+    files) under `<run dir>/checkpoint/step-N`, then reload it with AutoModelForCausalLM and fail
+    the run unless only a tied lm_head.weight is missing."""
+
+    kind: Literal["hf_export"] = "hf_export"
+    dtype: ExportDtype = "bfloat16"
+    """dtype of the exported weights."""
+
+
+class HFRoundtrip(_Strict):
+    """hf_load + hf_export + verification: load published safetensors at step 0, export the last
+    step, verify the export reloads in AutoModelForCausalLM."""
+
+    kind: Literal["hf_roundtrip"] = "hf_roundtrip"
+    path: str | None = None
+    """Folder with the safetensors to load. None: model.hf_assets_path."""
+    dtype: ExportDtype = "bfloat16"
+    """dtype of the exported weights."""
+
+
+Checkpoint = Annotated[Union[NoCheckpoint, DcpCheckpoint, HFLoad, HFExport, HFRoundtrip],
+                       Field(discriminator="kind")]
 
 
 # ------------------------------------------------------------------------------------ platform
@@ -222,36 +292,45 @@ class Experiment(_Strict):
 
     @model_validator(mode="after")
     def _cross(self) -> Experiment:
-        arch = self.model.arch()
-        if arch is None:
-            return self
-        p = self.parallelism
-        problems: list[str] = []
-        for key, heads in (("n_heads", arch.n_heads), ("n_kv_heads", arch.n_kv_heads)):
-            if heads % p.tp:
-                problems.append(_tagged("parallelism.tp", p.tp, f"does not divide the model's {key} ({heads})",
-                                        one_of(d for d in range(1, heads + 1) if heads % d == 0)))
-        if self.training.seq_len > arch.max_seq_len:
-            problems.append(_tagged("training.seq_len", self.training.seq_len,
-                                    f"exceeds the model's maximum sequence length ({arch.max_seq_len})",
-                                    f"1..{arch.max_seq_len}"))
-        if self.model.n_layers is not None and self.model.n_layers > FLAVORS[self.model.flavor].n_layers:
-            problems.append(_tagged("model.n_layers", self.model.n_layers,
-                                    f"flavor {self.model.flavor} has only {FLAVORS[self.model.flavor].n_layers} layers",
-                                    f"1..{FLAVORS[self.model.flavor].n_layers}"))
-        base = FLAVORS[self.model.flavor]
-        for key in ("num_experts", "top_k"):
-            v = getattr(self.model, key)
-            if v is not None and base.moe is None:
-                problems.append(_tagged(f"model.{key}", v, f"flavor {self.model.flavor} is dense (no experts)",
-                                        "null for dense flavors"))
-        if base.moe is not None and arch.moe is not None and arch.moe.top_k > arch.moe.num_experts:
-            problems.append(_tagged("model.top_k", arch.moe.top_k,
-                                    f"exceeds the number of experts ({arch.moe.num_experts})",
-                                    f"1..{arch.moe.num_experts}"))
-        if problems:
-            raise ValueError("\n".join(problems))
+        if self.model.backend == "native" and self.model.flavor != "auto":
+            problems = arch_problems(self, FLAVORS[self.model.flavor], f"flavor {self.model.flavor}")
+            if problems:
+                raise ValueError("\n".join(_tagged(*p) for p in problems))
         return self
+
+
+def arch_problems(exp: Experiment, base: Arch, origin: str) -> list[tuple[str, Any, str, str]]:
+    """(key, value, message, allowed) for every setting the architecture rules out.
+
+    `base` is the architecture before the experiment's reductions (a flavor's, or config.json's
+    for flavor=auto and model=hf, checked before launch); `origin` names it in messages."""
+    m = exp.model
+    n_layers, num_experts, top_k = ((m.n_layers, m.num_experts, m.top_k) if m.backend == "native"
+                                    else (None, None, None))
+    arch = base.reduced(n_layers=n_layers, num_experts=num_experts, top_k=top_k)
+    p = exp.parallelism
+    problems = []
+    for key, heads in (("n_heads", arch.n_heads), ("n_kv_heads", arch.n_kv_heads)):
+        if heads % p.tp:
+            problems.append(("parallelism.tp", p.tp, f"does not divide the model's {key} ({heads})",
+                             one_of(d for d in range(1, heads + 1) if heads % d == 0)))
+    if exp.training.seq_len > arch.max_seq_len:
+        problems.append(("training.seq_len", exp.training.seq_len,
+                         f"exceeds the model's maximum sequence length ({arch.max_seq_len})",
+                         f"1..{arch.max_seq_len}"))
+    if n_layers is not None and n_layers > base.n_layers:
+        problems.append(("model.n_layers", n_layers, f"{origin} has only {base.n_layers} layers",
+                         f"1..{base.n_layers}"))
+    for key, v in (("num_experts", num_experts), ("top_k", top_k)):
+        if v is not None and base.moe is None:
+            problems.append((f"model.{key}", v, f"{origin} is dense (no experts)", "null for dense models"))
+    if base.moe is not None and num_experts is not None and num_experts > base.moe.num_experts:
+        problems.append(("model.num_experts", num_experts, f"{origin} has only {base.moe.num_experts} experts",
+                         f"1..{base.moe.num_experts}"))
+    if base.moe is not None and arch.moe is not None and arch.moe.top_k > arch.moe.num_experts:
+        problems.append(("model.top_k", arch.moe.top_k, f"exceeds the number of experts ({arch.moe.num_experts})",
+                         f"1..{arch.moe.num_experts}"))
+    return problems
 
 
 # ------------------------------------------------------------------------- error presentation

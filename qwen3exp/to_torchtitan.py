@@ -10,21 +10,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qwen3exp.assets import CORPUS_DIR, TOKENIZER_DIR
+from qwen3exp import model_files
+from qwen3exp.assets import CORPUS_DIR
 from qwen3exp.flavors import Arch
 from qwen3exp.platforms import PlatformFacts
 from qwen3exp.schema import Experiment
 
 
 def resolve_arch(exp: Experiment) -> Arch:
-    """The model architecture: the flavor's numbers with the experiment's reductions applied."""
-    arch = exp.model.arch()
-    assert arch is not None, "flavor=auto is resolved from config.json by the checkpoint support"
-    return arch
+    """The model architecture: the flavor's numbers, or config.json's (flavor=auto, model=hf),
+    with the experiment's reductions applied. The launcher checked the files before launch."""
+    return model_files.resolve_arch(exp)
 
 
 def hf_assets_path(exp: Experiment) -> Path:
-    return Path(exp.model.hf_assets_path) if exp.model.hf_assets_path else TOKENIZER_DIR
+    return model_files.assets_folder(exp)
 
 
 def data_path(exp: Experiment) -> Path:
@@ -37,7 +37,6 @@ def data_path(exp: Experiment) -> Path:
 
 
 def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
-    from torchtitan.components.checkpoint import CheckpointManager
     from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
     from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
     from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
@@ -49,13 +48,25 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
     from qwen3exp import rundir
     from qwen3exp.titan import dataset
     from qwen3exp.titan.metrics import JsonlMetricsProcessor
-    from qwen3exp.titan.model import qwen3_model_spec
 
     t, p = exp.training, exp.parallelism
     arch = resolve_arch(exp)
     attention = facts.attention if exp.model.attention == "auto" else exp.model.attention
-    model_spec = qwen3_model_spec(arch, flavor=exp.model.flavor, attention=attention,
-                                  force_sum_reductions=facts.force_sum_reductions)
+    match exp.model.backend:
+        case "native":
+            from qwen3exp.titan.model import qwen3_model_spec
+
+            model_spec = qwen3_model_spec(arch, flavor=exp.model.flavor, attention=attention,
+                                          force_sum_reductions=facts.force_sum_reductions)
+            config_cls, extra = Trainer.Config, {}
+        case "hf":
+            from torchtitan.experiments.transformers_modeling_backend.configs import TransformersBackendConfig
+
+            from qwen3exp.titan.hf_model import hf_model_spec
+
+            model_spec = hf_model_spec(attention=attention, force_sum_reductions=facts.force_sum_reductions)
+            config_cls = TransformersBackendConfig
+            extra = {"hf_model": model_files.hf_model_folder(exp)[0]}
     data = data_path(exp)
     text_field = exp.data.text_field if exp.data.source == "local" else "text"
     match t.activation_checkpoint:
@@ -65,7 +76,8 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
             ac = SelectiveAC.Config()
         case "full":
             ac = FullAC.Config()
-    config = Trainer.Config(
+    config = config_cls(
+        **extra,
         model_spec=model_spec,
         hf_assets_path=str(hf_assets_path(exp)),
         dump_folder=str(run_dir),
@@ -98,7 +110,7 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
             context_parallel_degree=p.cp,
             expert_parallel_degree=p.ep,
         ),
-        checkpoint=CheckpointManager.Config(enable=False, folder=rundir.CHECKPOINT),
+        checkpoint=checkpoint_config(exp),
         activation_checkpoint=ac,
         compile=CompileConfig(enable=t.compile, backend=facts.compile_backend),
         debug=DebugConfig(seed=t.seed, deterministic=t.deterministic),
@@ -106,3 +118,31 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
             loss_fn=CrossEntropyLoss.Config(global_vocab_size=arch.vocab_size)),
     )
     return config
+
+
+def checkpoint_config(exp: Experiment):
+    """torchtitan's CheckpointManager.Config for the experiment's checkpoint kind."""
+    from torchtitan.components.checkpoint import CheckpointManager
+
+    from qwen3exp import rundir
+
+    c, folder = exp.checkpoint, rundir.CHECKPOINT
+    weights = model_files.weights_folder(exp)
+    load = dict(initial_load_path=str(weights), initial_load_in_hf=True, initial_load_model_only=True)
+    # No periodic saves: the only save is the last step (torchtitan always saves it).
+    export = dict(interval=exp.training.steps, keep_latest_k=0, last_save_in_hf=True,
+                  last_save_model_only=True)
+    match c.kind:
+        case "none":
+            return CheckpointManager.Config(enable=False, folder=folder)
+        case "dcp":
+            # The last step is a full checkpoint too (optimizer, data position), so it resumes.
+            return CheckpointManager.Config(enable=True, folder=folder, interval=c.interval,
+                                            keep_latest_k=c.keep_latest_k, last_save_model_only=False)
+        case "hf_load":
+            return CheckpointManager.Config(enable=True, folder=folder, load_only=True, **load)
+        case "hf_export":
+            return CheckpointManager.Config(enable=True, folder=folder, export_dtype=c.dtype, **export)
+        case "hf_roundtrip":
+            return CheckpointManager.Config(enable=True, folder=folder, export_dtype=c.dtype, **load, **export)
+    raise AssertionError(c)

@@ -23,6 +23,27 @@ CORPUS = HERE / "corpus" / "train.jsonl"
 TOKENIZER_DIR = HERE / "tokenizer"
 VOCAB_SIZE = 2048
 MAX_DOCS = 4000
+# qwen3exp's `tiny` flavor (qwen3exp/flavors.py) as a Hugging Face Qwen3 config.json.
+TINY_QWEN3_CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "hidden_act": "silu",
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+    "use_sliding_window": False,
+    "eos_token_id": 0,
+    "dtype": "float32",
+}
 
 
 def _docstrings() -> list[str]:
@@ -83,6 +104,9 @@ def main() -> None:
         )
         + "\n"
     )
+    # With config.json the folder is also a (weightless) Hugging Face model folder: the `tiny` flavor
+    # in Qwen3Config terms, so model=hf and flavor=auto work out of the box.
+    (TOKENIZER_DIR / "config.json").write_text(json.dumps(TINY_QWEN3_CONFIG, indent=2) + "\n")
     print(f"{len(docs)} documents, {CORPUS.stat().st_size / 1e6:.2f} MB; vocab {tok.get_vocab_size()}")
 
 

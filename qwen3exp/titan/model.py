@@ -64,7 +64,7 @@ def qwen3_model_spec(arch: Arch, *, flavor: str, attention: str, force_sum_reduc
 
     parallelize = parallelize_qwen3
     if force_sum_reductions:
-        parallelize = _with_sum_reductions(parallelize_qwen3)
+        parallelize = with_sum_reductions(parallelize_qwen3)
     return ModelSpec(
         name="qwen3",
         flavor=flavor,
@@ -76,7 +76,7 @@ def qwen3_model_spec(arch: Arch, *, flavor: str, attention: str, force_sum_reduc
     )
 
 
-def _with_sum_reductions(parallelize_fn):
+def with_sum_reductions(parallelize_fn):
     """gloo has no ReduceOp.PREMUL_SUM, which FSDP uses once torchtitan sets a gradient divide
     factor; force plain SUM (torchtitan scales gradients by the global token count itself)."""
 

@@ -1,0 +1,132 @@
+"""Hugging Face Transformers v5 as torchtitan's modeling backend (`model=hf`), adapted for qwen3exp.
+
+torchtitan 0.3.0's `experiments/transformers_modeling_backend` builds an `AutoModelForCausalLM`
+class from `hf_model`'s config.json on the meta device, parallelizes it and initialises it with
+`init_states`. qwen3exp adds three things, each for a stated reason:
+1. RoPE after meta init (UPSTREAM BUG, below): the rotary `inv_freq` buffer is recomputed.
+2. Attention. The backend routes attention through FlexAttention with a document-causal
+   BlockMask; FlexAttention has no CPU backward and Trainium selects SDPA. `attention=sdpa` uses
+   transformers' own SDPA attention with a dense document-causal mask built from the per-document
+   positions, so packed documents never attend to each other (the same mask as the flex path).
+3. Packed documents: the flavor uses `attn_mask_type="block_causal"` (the backend's default
+   `causal` lets documents packed into one row attend to each other).
+FSDP over gloo (plain SUM reductions) is applied by the caller, as for the native model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torchtitan.experiments.transformers_modeling_backend import TitanModelConfig
+from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
+
+
+def fix_rotary_inv_freq(model: torch.nn.Module) -> int:
+    """Recompute every HF rotary embedding's `inv_freq` (and `original_inv_freq`) from its config;
+    returns the number of rotary modules fixed.
+
+    # UPSTREAM BUG: torchtitan 0.3.0 `HFTransformerModel.init_states` recomputes `inv_freq` only for
+    # rotary modules that have a `rope_init_fn` attribute. transformers 5.x rotary embeddings
+    # (Qwen3RotaryEmbedding, ...) no longer keep one: they call `compute_default_rope_parameters` or
+    # `ROPE_INIT_FUNCTIONS[rope_type]` in `__init__` only. After meta-device init + `to_empty()`
+    # the non-persistent `inv_freq` buffer holds uninitialised memory (often zeros), so RoPE is
+    # silently off and a loaded checkpoint gives a different loss than in transformers.
+    # Test: tests/test_hf_backend.py::test_rotary_inv_freq_workaround (fails without this).
+    """
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    fixed = 0
+    for module in model.modules():
+        if not hasattr(module, "inv_freq") or getattr(module, "rope_init_fn", None) is not None:
+            continue
+        rope_type = getattr(module, "rope_type", "default")
+        init_fn = (getattr(module, "compute_default_rope_parameters", None) if rope_type == "default"
+                   else ROPE_INIT_FUNCTIONS.get(rope_type))
+        if init_fn is None:
+            continue
+        device = module.inv_freq.device
+        inv_freq, scaling = init_fn(module.config)  # exactly as the module's __init__ calls it
+        with torch.no_grad():
+            module.inv_freq.copy_(inv_freq.to(device=device, dtype=module.inv_freq.dtype))
+            if hasattr(module, "original_inv_freq"):
+                module.original_inv_freq.copy_(inv_freq.to(device=device, dtype=module.original_inv_freq.dtype))
+        module.attention_scaling = scaling
+        fixed += 1
+    return fixed
+
+
+def document_causal_mask(positions: torch.Tensor) -> torch.Tensor:
+    """[B, 1, S, S] bool, True where query i may attend key j: same document and j <= i.
+    A document starts where its position is 0 (torchtitan's per-document positions)."""
+    doc = torch.cumsum((positions == 0).to(torch.int32), dim=1)
+    same_doc = doc[:, :, None] == doc[:, None, :]
+    seq = positions.shape[1]
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=positions.device).tril()
+    return (same_doc & causal)[:, None]
+
+
+class HFQwen3Model(HFTransformerModel):
+    """The backend's model with RoPE initialised correctly (flex attention)."""
+
+    @dataclass(kw_only=True, slots=True, init=False)
+    class Config(HFTransformerModel.Config):
+        # An explicit __init__: transformers' PretrainedConfig.__init_subclass__ replaces a
+        # subclass's inherited __init__ with a generated one that rejects `model_config`.
+        def __init__(self, model_config, **kwargs):
+            HFTransformerModel.Config.__init__(self, model_config, **kwargs)
+
+    def init_states(self, *, buffer_device: torch.device | None = None) -> None:
+        HFTransformerModel.init_states(self, buffer_device=buffer_device)
+        fix_rotary_inv_freq(self.model)
+
+
+class HFQwen3SdpaModel(HFQwen3Model):
+    """transformers' SDPA attention with a dense document-causal mask (CPU, Trainium)."""
+
+    @dataclass(kw_only=True, slots=True, init=False)
+    class Config(HFQwen3Model.Config):
+        def __init__(self, model_config, **kwargs):
+            HFTransformerModel.Config.__init__(self, model_config, **kwargs)
+
+        def _configure_hf_attention(self):
+            # Select transformers' built-in "sdpa" instead of the backend's flex shim. The
+            # underscore field is what transformers reads; the injected arg survives
+            # update_from_config (which reloads the HF config with this implementation).
+            self._titan_injected_model_args["attn_implementation"] = "sdpa"
+            self.attn_implementation = "sdpa"
+            self._attn_implementation = "sdpa"
+
+    def get_attention_masks(self, positions: torch.Tensor):
+        return document_causal_mask(positions)
+
+
+def hf_model_config(*, attention: str):
+    cls = HFQwen3SdpaModel if attention == "sdpa" else HFQwen3Model
+    # Every architecture field stays None so AutoConfig's values (config.json) are used as-is.
+    return cls.Config(model_config=TitanModelConfig(attn_mask_type="block_causal"))
+
+
+def hf_model_spec(*, attention: str, force_sum_reductions: bool):
+    from torchtitan.components.optimizer import register_moe_load_balancing_hook
+    from torchtitan.experiments.transformers_modeling_backend.parallelize import parallelize_hf_transformers
+    from torchtitan.experiments.transformers_modeling_backend.pipeline import pipeline_hf_transformers
+    from torchtitan.experiments.transformers_modeling_backend.state_dict_adapter import (
+        HFTransformerStateDictAdapter,
+    )
+    from torchtitan.protocols.model_spec import ModelSpec
+
+    from qwen3exp.titan.model import with_sum_reductions
+
+    parallelize = parallelize_hf_transformers
+    if force_sum_reductions:
+        parallelize = with_sum_reductions(parallelize_hf_transformers)
+    return ModelSpec(
+        name="transformers_modeling_backend",
+        flavor="qwen3exp_" + attention,
+        model=hf_model_config(attention=attention),
+        parallelize_fn=parallelize,
+        pipelining_fn=pipeline_hf_transformers,
+        post_optimizer_build_fn=register_moe_load_balancing_hook,
+        state_dict_adapter=HFTransformerStateDictAdapter,
+    )
