@@ -20,15 +20,17 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def tiny_config(*, tied: bool, rope_theta: float = 5e6, **overrides):
-    from transformers import Qwen3Config
+    """A Qwen3Config (Qwen3MoeConfig when `num_experts` is given)."""
+    from transformers import Qwen3Config, Qwen3MoeConfig
 
+    moe = "num_experts" in overrides
     kw = dict(vocab_size=2048, hidden_size=96, intermediate_size=160, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, head_dim=40, max_position_embeddings=1024,
               rms_norm_eps=1e-5, tie_word_embeddings=tied, initializer_range=0.2, eos_token_id=0,
               rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
-              architectures=["Qwen3ForCausalLM"])
+              architectures=["Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"])
     kw.update(overrides)
-    return Qwen3Config(**kw)
+    return (Qwen3MoeConfig if moe else Qwen3Config)(**kw)
 
 
 def write_checkpoint(folder: Path, *, tied: bool, rope_theta: float = 5e6, seed: int = 0,
