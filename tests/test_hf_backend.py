@@ -1,0 +1,83 @@
+"""model=hf in-process: the rotary `inv_freq` workaround (UPSTREAM BUG in torchtitan 0.3.0 +
+transformers 5.x) and the dense document mask of the SDPA path, both compared with transformers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests.hf_fixtures import write_checkpoint
+
+THETA = 5e6
+HEAD_DIM = 40
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    return write_checkpoint(tmp_path_factory.mktemp("hfb") / "ck", tied=False, rope_theta=THETA, head_dim=HEAD_DIM)
+
+
+def _build(cls, folder: Path, seq_len: int = 64):
+    """Build, materialise and initialise the backend's model as torchtitan's Trainer does
+    (meta device -> to_empty -> init_weights), without the distributed parts."""
+    from torchtitan.experiments.transformers_modeling_backend import TitanModelConfig
+
+    config = cls.Config(model_config=TitanModelConfig(attn_mask_type="block_causal"))
+    job = SimpleNamespace(hf_model=str(folder), training=SimpleNamespace(seq_len=seq_len), parallelism=None,
+                          debug=SimpleNamespace(deterministic=False), loss=SimpleNamespace())
+    config.update_from_config(config=job)
+    with torch.device("meta"):
+        model = config.build()
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    return model
+
+
+def test_rotary_inv_freq_workaround(ckpt):
+    from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
+
+    from qwen3exp.titan.hf_model import HFQwen3Model, HFQwen3SdpaModel
+
+    expected = 1.0 / (THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float) / HEAD_DIM))
+    for cls in (HFQwen3Model, HFQwen3SdpaModel):
+        rotary = _build(cls, ckpt).model.model.rotary_emb
+        torch.testing.assert_close(rotary.inv_freq, expected, rtol=0, atol=0)
+        torch.testing.assert_close(rotary.original_inv_freq, expected, rtol=0, atol=0)
+    # The upstream bug is still there: without the workaround RoPE is garbage. When this fails,
+    # upstream is fixed and qwen3exp.titan.hf_model.fix_rotary_inv_freq can go.
+    upstream = _build(HFTransformerModel, ckpt).model.model.rotary_emb
+    assert not torch.allclose(upstream.inv_freq, expected)
+
+
+def test_sdpa_document_mask_matches_transformers_per_document(ckpt):
+    """The SDPA model with loaded weights, two packed documents per row: logits equal those of
+    transformers run on each document alone."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from qwen3exp.titan.hf_model import HFQwen3SdpaModel
+
+    model = _build(HFQwen3SdpaModel, ckpt, seq_len=24)
+    # Not from_pretrained: building the backend's model monkeypatches transformers'
+    # PreTrainedModel._init_weights process-wide, after which from_pretrained leaves inv_freq
+    # uninitialised too. A plain construction computes it in __init__ (checked below).
+    config = AutoConfig.from_pretrained(ckpt, attn_implementation="eager")
+    reference = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    reference.load_state_dict(load_file(ckpt / "model.safetensors"), strict=True)
+    expected = 1.0 / (THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float) / HEAD_DIM))
+    torch.testing.assert_close(reference.model.rotary_emb.inv_freq, expected, rtol=0, atol=0)
+    with torch.no_grad():
+        model.model.load_state_dict(reference.state_dict(), strict=True)
+        model.eval()
+        ids = torch.randint(0, 2048, (2, 24), generator=torch.Generator().manual_seed(0))
+        lengths = [(10, 14), (17, 7)]
+        positions = torch.stack([torch.cat([torch.arange(a), torch.arange(b)]) for a, b in lengths])
+        logits = model(ids, positions=positions)
+        for row, (a, _) in enumerate(lengths):
+            for lo, hi in ((0, a), (a, 24)):
+                alone = reference(input_ids=ids[row:row + 1, lo:hi]).logits[0]
+                torch.testing.assert_close(logits[row, lo:hi], alone, rtol=1e-4, atol=1e-4)
