@@ -384,20 +384,31 @@ def _allowed_for(err: dict) -> str | None:
     return None
 
 
-def _field_names(model: type[BaseModel], key: str) -> list[str]:
-    """Valid sibling keys for an unknown key (for 'did you mean')."""
+def _field_names(model: type[BaseModel], key: str, data: Any = None) -> list[str]:
+    """Valid sibling keys for an unknown key (for 'did you mean'); inside a union, those of the
+    variant the data's tag selects (model.backend=hf lists HFModel's keys)."""
     parts = key.split(".")[:-1]
     cur: Any = model
     for part in parts:
         fld = getattr(cur, "model_fields", {}).get(part)
         if fld is None:
             return []
-        ann = fld.annotation
-        cur = _first_model(ann)
+        data = data.get(part) if isinstance(data, dict) else None
+        cur = _variant(fld, data)
         if cur is None:
             return []
     names = list(getattr(cur, "model_fields", {}))
     return [".".join([*parts, n]) for n in names]
+
+
+def _variant(fld: Any, data: Any) -> Any:
+    tag = fld.discriminator
+    if isinstance(tag, str) and isinstance(data, dict):
+        for member in getattr(fld.annotation, "__args__", ()) or ():
+            f = getattr(member, "model_fields", {}).get(tag)
+            if f is not None and f.default == data.get(tag):
+                return member
+    return _first_model(fld.annotation)
 
 
 def _first_model(ann: Any) -> Any:
@@ -430,7 +441,7 @@ def problems_from_validation(e: ValidationError, data: dict) -> list[Problem]:
         key = _key(err["loc"], data)
         value = _value_at(data, key)
         if err["type"] == "extra_forbidden":
-            siblings = _field_names(Experiment, key)
+            siblings = _field_names(Experiment, key, data)
             out.append(Problem(key, value, "unknown key", one_of(s.split(".")[-1] for s in siblings) or None,
                                did_you_mean(key, siblings)))
         elif err["type"] == "missing":
