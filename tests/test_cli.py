@@ -63,7 +63,7 @@ def test_existing_run_directory_is_never_overwritten(trained):
 
 @pytest.mark.parametrize("args,key,allowed", [
     (["training.stepz=3"], "training.stepz", "did you mean training.steps?"),
-    (["model=natve"], "model", "allowed: native"),
+    (["model=natve"], "model", "allowed: hf, native"),
     (["experiment=tiny_natve"], "experiment", "did you mean tiny_native?"),
     (["training.steps=0"], "training.steps", "a number > 0"),
     (["parallelism.tp=3"], "parallelism.tp", "allowed: 1, 2"),

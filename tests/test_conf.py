@@ -12,29 +12,43 @@ from conftest import all_conf_files, compose
 from qwen3exp.assets import CORPUS_DIR
 
 # group/option -> extra overrides that a real user would have to give on the command line.
+# {hf_checkpoint}: a tiny Hugging Face checkpoint written by tests/hf_fixtures.py (qwen3exp ships
+# no weights, and loading options check the safetensors before launch).
 REQUIRED: dict[str, list[str]] = {
     "data/local": [f"data.path={CORPUS_DIR / 'train.jsonl'}"],
+    "checkpoint/hf_load": ["model.flavor=auto", "model.hf_assets_path={hf_checkpoint}"],
+    "checkpoint/hf_roundtrip": ["model.flavor=auto", "model.hf_assets_path={hf_checkpoint}"],
 }
 
 
-def _overrides(group: str, option: str) -> list[str]:
-    return [f"{group}={option}", *REQUIRED.get(f"{group}/{option}", [])]
+def _overrides(group: str, option: str, hf_checkpoint: str = "") -> list[str]:
+    return [f"{group}={option}", *(o.replace("{hf_checkpoint}", hf_checkpoint)
+                                   for o in REQUIRED.get(f"{group}/{option}", []))]
+
+
+@pytest.fixture(scope="module")
+def hf_checkpoint(tmp_path_factory) -> str:
+    from hf_fixtures import write_checkpoint
+
+    return str(write_checkpoint(tmp_path_factory.mktemp("hf") / "tiny", tied=True))
 
 
 @pytest.mark.parametrize("group,option", all_conf_files(), ids=lambda x: str(x))
-def test_conf_file_composes_validates_converts(group, option, tmp_path):
+def test_conf_file_composes_validates_converts(group, option, tmp_path, request):
     from qwen3exp.launch import prepare
     from qwen3exp.schema import validate_experiment
     from qwen3exp.to_torchtitan import to_torchtitan
 
-    data = compose(*_overrides(group, option))
+    needs_ckpt = any("{hf_checkpoint}" in o for o in REQUIRED.get(f"{group}/{option}", []))
+    data = compose(*_overrides(group, option, request.getfixturevalue("hf_checkpoint") if needs_ckpt else ""))
     exp = validate_experiment(data)
     prep = prepare(exp)
     config = to_torchtitan(prep.exp, prep.facts, tmp_path)
     # torchtitan's own cross-field checks (they are not re-run on mutation: run them explicitly).
     config.__post_init__()
     assert config.training.steps == exp.training.steps
-    assert config.model_spec is not None and config.model_spec.name == "qwen3"
+    assert config.model_spec is not None
+    assert config.model_spec.name == {"native": "qwen3", "hf": "transformers_modeling_backend"}[exp.model.backend]
 
 
 def test_every_group_has_a_file():

@@ -15,7 +15,7 @@ import pytest
 
 from qwen3exp import rundir
 from qwen3exp.schema import validate_experiment
-from tests.conftest import REPO, compose, read_metrics, read_summary, run_cli
+from conftest import REPO, compose, read_metrics, read_summary, run_cli
 
 pytestmark = pytest.mark.slow
 

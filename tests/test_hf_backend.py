@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.hf_fixtures import write_checkpoint
+from hf_fixtures import write_checkpoint
 
 THETA = 5e6
 HEAD_DIM = 40
@@ -81,3 +81,11 @@ def test_sdpa_document_mask_matches_transformers_per_document(ckpt):
             for lo, hi in ((0, a), (a, 24)):
                 alone = reference(input_ids=ids[row:row + 1, lo:hi]).logits[0]
                 torch.testing.assert_close(logits[row, lo:hi], alone, rtol=1e-4, atol=1e-4)
+
+
+def test_hf_backend_parallelize_uses_sum_reductions_on_gloo():
+    from qwen3exp.titan.hf_model import hf_model_spec
+
+    assert hf_model_spec(attention="sdpa", force_sum_reductions=True).parallelize_fn.__name__ == "parallelize"
+    spec = hf_model_spec(attention="flex", force_sum_reductions=False)
+    assert spec.parallelize_fn.__name__ == "parallelize_hf_transformers"

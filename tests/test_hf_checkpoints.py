@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_metrics, read_summary, run_cli
-from tests.hf_fixtures import first_batches, hf_loss, write_checkpoint
+from conftest import read_metrics, read_summary, run_cli
+from hf_fixtures import first_batches, hf_loss, write_checkpoint
 
 pytestmark = pytest.mark.slow
 

@@ -17,8 +17,8 @@ from qwen3exp.errors import ConfigError
 from qwen3exp.flavors import FLAVORS, arch_from_hf_config, hf_config_from_arch, hf_param_shapes
 from qwen3exp.model_files import read_headers, safetensors_files
 from qwen3exp.schema import validate_experiment
-from tests.conftest import compose, run_cli
-from tests.hf_fixtures import TOKENIZER_FILES, write_checkpoint
+from conftest import compose, run_cli
+from hf_fixtures import TOKENIZER_FILES, write_checkpoint
 
 # Qwen/Qwen3-4B-Instruct-2507's config.json (architecture keys as published).
 QWEN3_4B_INSTRUCT_2507 = {
