@@ -109,6 +109,8 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
             pipeline_parallel_degree=p.pp,
             context_parallel_degree=p.cp,
             expert_parallel_degree=p.ep,
+            # The Transformers backend accepts nothing else (it is torchtitan's default as well).
+            spmd_backend="spmd_types",
         ),
         checkpoint=checkpoint_config(exp),
         activation_checkpoint=ac,

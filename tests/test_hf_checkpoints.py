@@ -90,7 +90,8 @@ def test_restart_from_export_matches_transformers(run_a, ckpts, tmp_path):
     training restarts from it (here: the native backend's export, loaded by the hf backend)."""
     export = Path(read_summary(run_a)["export"]["path"])
     run_dir = tmp_path / "run"
-    s = _train(run_dir, "experiment=tiny_hf", f"model.hf_assets_path={export}", "checkpoint=hf_load")
+    s = _train(run_dir, "experiment=tiny_hf", f"model.hf_assets_path={export}", "checkpoint=hf_load",
+               "launcher.nproc_per_node=1")  # one rank is enough here (A and B train on two)
     assert s["weights_source"] == str(export)
     batches = first_batches(run_dir)
     reference = hf_loss(export, batches)
