@@ -11,6 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwen3exp.errors import ConfigError, MISSING, Problem, did_you_mean, one_of
+from qwen3exp.sweep import register_resolver
+
+# conf/config.yaml names sweep job folders with ${qwen3exp.safe_dirname:...}; every process that
+# composes (this one, and a launcher plugin's job process, which imports qwen3exp.cli) needs it.
+register_resolver()
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 CONFIG_NAME = "config"
@@ -31,6 +36,9 @@ class Invocation:
     config_name: str = CONFIG_NAME
     info_flags: list[str] = field(default_factory=list)
     """Flags Hydra answers by itself (--help, --cfg job, --info ...): passed straight through."""
+    output_dir: str | None = None
+    """The run directory (multirun: the sweep directory) as composed by the preflight; Hydra is
+    then pinned to it, so `${now:...}` in the default names resolves once for every point."""
 
     @property
     def user_overrides(self) -> list[str]:
@@ -82,6 +90,11 @@ def _global_experiment(arg: str) -> str:
     return arg
 
 
+def shown(override: str) -> str:
+    """An override as the user typed it (`experiment@_global_=x` -> `experiment=x`)."""
+    return override.replace("experiment@_global_=", "experiment=", 1)
+
+
 def group_options(config_dir: Path = CONF_DIR) -> dict[str, list[str]]:
     return {g: sorted(p.stem for p in (config_dir / g).glob("*.yaml")) for g in GROUPS if (config_dir / g).is_dir()}
 
@@ -130,14 +143,18 @@ class Composed:
     run_dir: str
     sweep_dir: str
     overrides: list[str]
+    sweep_subdir: str | None = None
+    """This point's folder under sweep_dir (composed with job_num; None otherwise)."""
 
 
 def compose_point(overrides: list[str], *, config_dir: Path = CONF_DIR, config_name: str = CONFIG_NAME,
-                  context: str | None = None) -> Composed:
+                  context: str | None = None, job_num: int | None = None) -> Composed:
+    """Compose one point. `job_num`: the point's index in a sweep (Hydra's hydra.job.num), so that
+    the sweep subdir resolves as it will in the real job."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf, open_dict, read_write
     from omegaconf.errors import OmegaConfBaseException
 
     problems = check_group_choices(overrides, config_dir)
@@ -163,11 +180,17 @@ def compose_point(overrides: list[str], *, config_dir: Path = CONF_DIR, config_n
         data = OmegaConf.to_container(job, resolve=True)
         run_dir = str(cfg.hydra.run.dir)
         sweep_dir = str(cfg.hydra.sweep.dir)
+        sweep_subdir = None
+        if job_num is not None:
+            with read_write(cfg.hydra), open_dict(cfg.hydra):
+                cfg.hydra.job.num = job_num
+                cfg.hydra.job.id = str(job_num)
+            sweep_subdir = str(cfg.hydra.sweep.subdir)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "(interpolation)"
         raise ConfigError([Problem(str(key), getattr(e, "msg", str(e)), "cannot resolve interpolation")],
                           context=context) from None
-    return Composed(data, run_dir, sweep_dir, overrides)
+    return Composed(data, run_dir, sweep_dir, overrides, sweep_subdir)
 
 
 def _problems_from_compose_error(e: Exception, overrides: list[str], config_dir: Path,
