@@ -105,20 +105,13 @@ def rerun_problem(exp: Experiment, run_dir: Path) -> Problem | None:
 def _changed_keys(old: str, new: str) -> list[str]:
     import yaml
 
-    def flat(d, prefix=""):
-        out = {}
-        for k, v in (d or {}).items():
-            if isinstance(v, dict):
-                out.update(flat(v, f"{prefix}{k}."))
-            else:
-                out[f"{prefix}{k}"] = v
-        return out
+    from qwen3exp.diff import differences
 
     try:
-        a, b = flat(yaml.safe_load(old)), flat(yaml.safe_load(new))
+        a, b = yaml.safe_load(old), yaml.safe_load(new)
     except yaml.YAMLError:
         return []
-    return sorted(k for k in a.keys() | b.keys() if a.get(k, object()) != b.get(k, object()))
+    return [key for key, _, _ in differences(a or {}, b or {})]
 
 
 def _task(cfg) -> None:
