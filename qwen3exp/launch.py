@@ -16,11 +16,12 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from qwen3exp import model_files, provenance, rundir, tracking
 from qwen3exp.errors import ConfigError, Problem
+from qwen3exp.kernels.overrides import merge_applied
 from qwen3exp.platforms import PlatformFacts, resolve
 from qwen3exp.plan import Batches, Mesh, resolve_batches, resolve_mesh
 from qwen3exp.model_files import ModelFiles
@@ -36,18 +37,25 @@ class Prepared:
     mesh: Mesh
     batches: Batches
     files: ModelFiles
+    overrides: list[dict] = field(default_factory=list)
+    """torchtitan overrides the experiment activates, with the config nodes each one replaces."""
 
 
 def prepare(exp: Experiment) -> Prepared:
     """Check the model's files, resolve the platform and the mesh; raise ConfigError on any
-    mismatch (cheap: no torchtitan, only JSON and safetensors headers are read)."""
+    mismatch (cheap: no torchtitan, only JSON and safetensors headers are read, unless the
+    experiment activates kernel overrides: their matches are computed on the config tree)."""
+    from qwen3exp.kernels import overrides
+
     files = model_files.check(exp)
     facts = resolve(exp.platform, nproc_per_node=exp.launcher.nproc_per_node)
     problems = tracking.check(exp)
     if problems:
         raise ConfigError(problems)
     mesh = resolve_mesh(exp, facts)
-    return Prepared(exp, facts, mesh, resolve_batches(exp, mesh), files)
+    prep = Prepared(exp, facts, mesh, resolve_batches(exp, mesh), files)
+    prep.overrides = overrides.check(exp, facts, lambda: build_torchtitan_config(prep, Path("/nonexistent/pre-launch")))
+    return prep
 
 
 def build_torchtitan_config(prep: Prepared, run_dir: Path):
@@ -128,6 +136,7 @@ def summarize(prep: Prepared, run_dir: Path, *, exit_code: int, status: str, wal
         "resumed_from_step": resumed_from,
         "export": export,
         "experiment_hash": rundir.experiment_hash(prep.exp.model_dump(mode="json")),
+        "overrides": merge_applied(prep.overrides, run_dir),
     }
     rundir.atomic_write_json(run_dir / rundir.SUMMARY, summary)
     return summary

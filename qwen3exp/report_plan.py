@@ -20,6 +20,9 @@ def print_plans(points) -> int:
         b = prep.batches
         print(f"  batch: local {b.local_batch_size}, global {b.global_batch_size}, grad accumulation "
               f"{b.grad_accum_steps}, tokens/step {b.tokens_per_step}")
+        for o in prep.overrides:
+            print(f"  override {o['key']}: {o['target']} replaces {len(o['nodes'])} {o['replaces']} node(s) "
+                  f"({', '.join(o['fqns'])})")
         print(f"  run directory: {run_dir}")
         print(f"  command: {shlex.join(torchrun_argv(prep, Path(run_dir)))}")
     return 0

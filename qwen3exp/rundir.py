@@ -3,7 +3,8 @@
 A run directory holds the resolved experiment (`experiment.yaml`), the resolved platform
 (`platform.json`), the torchtitan config (`torchtitan_config.json`), the exact command
 (`command.txt`), where it came from (`provenance.json`, and `git.diff` when the source tree had
-local changes), Hydra's `.hydra/`, `metrics.jsonl`, `summary.json`, per-rank logs under `logs/`
+local changes), Hydra's `.hydra/`, `metrics.jsonl`, `summary.json`, per-rank logs under `logs/`,
+the `[Override]` lines torchtitan logged (`overrides_applied.json`, when kernels overrides are active)
 and, when checkpointing is on, `checkpoint/`. A rerun of an unfinished sweep job keeps the earlier
 attempt's files under `attempts/<n>/`.
 """
@@ -25,6 +26,7 @@ COMMAND = "command.txt"
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
 PLAN = "plan.json"
+OVERRIDES_APPLIED = "overrides_applied.json"
 LOGS = "logs"
 CHECKPOINT = "checkpoint"
 PROVENANCE = "provenance.json"

@@ -139,9 +139,44 @@ class Parallelism(_Strict):
 
 
 # ------------------------------------------------------------------------------------- kernels
+FqnGlobs = Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+
+
+class RopeKernel(_Strict):
+    impl: Literal["torchtitan", "nki"] = "torchtitan"
+    """torchtitan: the stock `CosSinRoPE`. nki: the `qwen3exp::rope` operator (nkilib `rope_hf` on
+    Neuron, its PyTorch implementation elsewhere), swapped in by torchtitan's override registry."""
+    fqns: FqnGlobs | None = None
+    """Limit the override to these nodes (fnmatch globs on torchtitan FQNs, which start with
+    `model_spec.model.`, e.g. `model_spec.model.layers.[01].attention.rope`); null: every layer."""
+
+
+class MoeKernel(_Strict):
+    impl: Literal["torchtitan", "nki"] = "torchtitan"
+    """torchtitan: the stock `GroupedExperts`. nki: the blockwise `qwen3exp::moe_blockwise` operator
+    (nkilib `moe_cte` / `blockwise_mm_bwd` on Neuron, its PyTorch implementation elsewhere)."""
+    fqns: FqnGlobs | None = None
+    """Limit the override to these nodes (torchtitan FQN globs); null: every MoE layer's experts."""
+    block_size: PosInt = 128
+    """Tokens per block of the blockwise kernel (Neuron: 128, 256, 512 or 1024)."""
+
+
+class UserOverride(_Strict):
+    target: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")]
+    """`module.function` of a torchtitan `@override` factory (importable on every rank)."""
+    fqns: FqnGlobs | None = None
+    """Replace the factory's own node selection by these torchtitan FQN globs; null: keep it."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for the factory (torchtitan's `(target, kwargs)` import entry)."""
+
+
 class Kernels(_Strict):
     name: str = "default"
     """The kernels group option this came from (for the record)."""
+    rope: RopeKernel = RopeKernel()
+    moe: MoeKernel = MoeKernel()
+    overrides: list[UserOverride] = Field(default_factory=list)
+    """Your own torchtitan overrides, applied together with the ones above."""
 
 
 # ---------------------------------------------------------------------------------- checkpoint
@@ -334,6 +369,9 @@ def arch_problems(exp: Experiment, base: Arch, origin: str) -> list[tuple[str, A
     if base.moe is not None and arch.moe is not None and arch.moe.top_k > arch.moe.num_experts:
         problems.append(("model.top_k", arch.moe.top_k, f"exceeds the number of experts ({arch.moe.num_experts})",
                          f"1..{arch.moe.num_experts}"))
+    if exp.kernels.moe.impl == "nki" and base.moe is None:
+        problems.append(("kernels.moe.impl", "nki", f"{origin} is dense: it has no experts for kernels=nki_moe",
+                         "torchtitan for dense models (nki needs an MoE model: tiny_moe, 30B-A3B, ...)"))
     return problems
 
 

@@ -40,12 +40,14 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
     from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
     from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
     from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+    from torchtitan.config.override import OverrideConfig
     from torchtitan.config.configs import DebugConfig
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
     from torchtitan.trainer import Trainer
 
     from qwen3exp import rundir
+    from qwen3exp.kernels import overrides
     from qwen3exp.titan import dataset
     from qwen3exp.titan.metrics import JsonlMetricsProcessor
 
@@ -118,6 +120,8 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
         debug=DebugConfig(seed=t.seed, deterministic=t.deterministic),
         loss=ChunkedLossWrapper.Config(
             loss_fn=CrossEntropyLoss.Config(global_vocab_size=arch.vocab_size)),
+        # kernels=... : torchtitan applies these in Trainer.__init__, checked before launch.
+        override=OverrideConfig(imports=overrides.import_entries(exp.kernels)),
     )
     return config
 

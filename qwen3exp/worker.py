@@ -47,13 +47,16 @@ def train(run_dir: Path) -> None:
     import torch
     from torchtitan.tools.logging import init_logger
 
+    from qwen3exp.kernels import overrides
     from qwen3exp.to_torchtitan import to_torchtitan
 
     init_logger()
     config = to_torchtitan(exp, facts, run_dir)
     trainer = None
     try:
-        trainer = config.build()
+        # torchtitan applies the overrides while building; keep its [Override] lines as a record.
+        with overrides.record_applied(run_dir, write=int(os.environ.get("RANK", "0")) == 0):
+            trainer = config.build()
         trainer.train()
     finally:
         if trainer is not None:
