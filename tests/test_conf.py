@@ -18,6 +18,7 @@ REQUIRED: dict[str, list[str]] = {
     "data/local": [f"data.path={CORPUS_DIR / 'train.jsonl'}"],
     "checkpoint/hf_load": ["model.flavor=auto", "model.hf_assets_path={hf_checkpoint}"],
     "checkpoint/hf_roundtrip": ["model.flavor=auto", "model.hf_assets_path={hf_checkpoint}"],
+    "kernels/nki_moe": ["model.flavor=tiny_moe"],  # replaces MoE experts: an MoE model is required
 }
 
 

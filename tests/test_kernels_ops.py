@@ -250,3 +250,32 @@ def test_blockwise_experts_module_equals_grouped_experts():
     counts = torch.tensor(COUNTS)
     x = torch.randn(sum(COUNTS), D)
     assert torch.equal(be(x, counts), ge(x, counts))
+
+
+def test_override_modules_compile_with_fullgraph():
+    """torchtitan compiles every block with fullgraph=True: the routing metadata traces with static
+    shapes and the operators have fake implementations (aot_eager: tracing, no code generation)."""
+    from torchtitan.models.common.moe import GroupedExperts
+
+    from qwen3exp.kernels.nki_moe import nki_moe
+    from qwen3exp.kernels.nki_rope import nki_rope
+
+    torch._dynamo.reset()
+    ge = _grouped_experts()
+    be = nki_moe(GroupedExperts.Config(dim=D, hidden_dim=FF, num_experts=E), block_size=BLOCK).build()
+    be.load_state_dict(ge.state_dict())
+    counts = torch.tensor(COUNTS)
+    x = torch.randn(sum(COUNTS), D, requires_grad=True)
+    compiled = torch.compile(be, backend="aot_eager", fullgraph=True)
+    out = compiled(x, counts)
+    assert torch.equal(out, ge(x, counts))
+    out.sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
+
+    stock = _cos_sin_rope(head_dim=16)
+    nki = nki_rope(stock.config).build()
+    q, k = torch.randn(2, 64, 2, 16), torch.randn(2, 64, 1, 16)
+    positions = torch.cat([torch.arange(20), torch.arange(44)]).expand(2, 64)
+    got = torch.compile(nki, backend="aot_eager", fullgraph=True)(q, k, positions)
+    want = stock(q, k, positions)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

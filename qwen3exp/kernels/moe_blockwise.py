@@ -67,7 +67,7 @@ def route(token_ids: Tensor, expert_ids: Tensor, scores: Tensor, *, num_tokens: 
     token_ids = token_ids.reshape(-1).long()
     order = torch.argsort(expert_ids, stable=True)
     e_sorted = expert_ids[order]
-    counts = torch.bincount(expert_ids, minlength=E)
+    counts = torch.zeros(E, dtype=torch.long, device=device).scatter_add_(0, expert_ids, torch.ones_like(expert_ids))
     blocks = (counts + B - 1) // B
     block_end = torch.cumsum(blocks, 0)
     first_block = block_end - blocks
