@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from conftest import REPO, read_metrics, read_summary
 
@@ -38,9 +39,14 @@ def runs(tmp_path_factory):
     for name, p in procs.items():
         out, _ = p.communicate(timeout=900)
         assert p.returncode == 0, f"{name}:\n{out[-4000:]}"
-    # sweep points are numbered in order: 0 = kernels=default, 1 = the override
-    return {"dense": root / "dense" / "0", "dense_kernels": root / "dense" / "1",
-            "moe": root / "moe" / "0", "moe_kernels": root / "moe" / "1"}
+    # one job folder per point (named by its overrides): tell them apart by the resolved experiment
+    out = {}
+    for name in SWEEPS:
+        for summary in (root / name).rglob("summary.json"):
+            exp = yaml.safe_load((summary.parent / "experiment.yaml").read_text())
+            out[name if exp["kernels"]["name"] == "default" else f"{name}_kernels"] = summary.parent
+    assert sorted(out) == ["dense", "dense_kernels", "moe", "moe_kernels"], out
+    return out
 
 
 @pytest.mark.parametrize("base", ["dense", "moe"])
