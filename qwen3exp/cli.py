@@ -10,38 +10,59 @@ from __future__ import annotations
 
 import shutil
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from qwen3exp import rundir
-from qwen3exp.compose import Invocation, compose_point, parse_argv, sweep_points
+from qwen3exp.compose import Composer, Invocation, parse_argv, sweep_points
 from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError, Problem
-from qwen3exp.schema import Experiment, validate_experiment
+from qwen3exp.schema import Experiment
 
 _results: list[dict] = []
+_points: dict[tuple[str, ...], Point] = {}
 
 
-def preflight(inv: Invocation) -> list[tuple[list[str], Experiment, str]]:
-    """Compose and validate every point; returns (overrides, experiment, run dir) per point."""
-    from qwen3exp.launch import prepare
+@dataclass
+class Point:
+    """One checked point of a run or sweep."""
 
+    overrides: list[str]
+    exp: Experiment
+    run_dir: str
+    sweep_dir: str
+    plan: object
+    """`qwen3exp.plan.Plan`"""
+    provenance: object
+    """`qwen3exp.provenance.Provenance`"""
+
+    @property
+    def task_key(self) -> tuple[str, ...]:
+        return _task_key(self.overrides)
+
+
+def _task_key(overrides) -> tuple[str, ...]:
+    """The overrides Hydra records as the job's task overrides (hydra's own excluded)."""
+    return tuple(o for o in overrides if not o.lstrip("+~").startswith("hydra"))
+
+
+def preflight(inv: Invocation) -> list[Point]:
+    """Compose, validate and plan every point; raise one ConfigError naming every problem of every
+    point. Composition is shared between points (see `Composer`), so a 100-point sweep over values
+    checks in about a second."""
     points = sweep_points(inv.overrides) if inv.multirun else [inv.overrides]
-    out, problems = [], []
-    for i, point in enumerate(points):
-        context = f"sweep point {i + 1}/{len(points)} [{' '.join(o for o in point if not o.startswith('hydra.'))}]" \
-            if inv.multirun else None
-        try:
-            composed = compose_point(point, config_dir=inv.config_dir, config_name=inv.config_name, context=context)
-            exp = validate_experiment(composed.data, context=context)
-            prepare(exp)
-        except ConfigError as e:
-            if e.context is None:
-                e.context = context
-            problems.append(e)
-            continue
-        out.append((point, exp, composed.sweep_dir if inv.multirun else composed.run_dir))
-    if problems:
-        raise ConfigError([p for e in problems for p in e.problems],
-                          context="; ".join(e.context for e in problems if e.context) or None)
+    out, errors = [], []
+    with Composer(inv.config_dir, inv.config_name) as composer:
+        for i, point in enumerate(points):
+            context = f"sweep point {i + 1}/{len(points)} [{' '.join(o for o in point if not o.startswith('hydra.'))}]" \
+                if inv.multirun else None
+            try:
+                out.append(check_point(composer, point, context=context, job_num=i if inv.multirun else None))
+            except ConfigError as e:
+                if e.context is None:
+                    e.context = context
+                errors.append(e)
+    if errors:
+        raise ConfigError.several(errors)
     return out
 
 
@@ -88,19 +109,75 @@ def _changed_keys(old: str, new: str) -> list[str]:
     return sorted(k for k in a.keys() | b.keys() if a.get(k, object()) != b.get(k, object()))
 
 
+def check_point(composer: Composer, overrides: list[str], *, context: str | None = None,
+                job_num: int | None = None) -> Point:
+    """Every check of one point, all problems together, each with the file its value came from."""
+    from qwen3exp.plan import make_plan, section_problems
+    from qwen3exp.schema import check_experiment
+
+    composed = composer.compose(overrides, context=context, job_num=job_num, collect=True)
+    checked = check_experiment(composed.data)
+    exp = checked.exp
+    problems = _merge(composed.problems, checked.problems)
+    if exp is None:
+        problems = _merge(problems, section_problems(checked.sections, checked.replaced))
+    provenance = composer.provenance(composed)
+    plan = None
+    if not problems:
+        try:
+            plan = make_plan(exp, composed.run_dir, overrides=overrides, provenance=provenance)
+        except ConfigError as e:
+            problems = e.problems
+    if problems:
+        raise ConfigError([_with_source(p, provenance) for p in problems], context=context)
+    return Point(overrides, exp, composed.run_dir, composed.sweep_dir, plan, provenance)
+
+
+def _merge(first: list[Problem], then: list[Problem]) -> list[Problem]:
+    """`first` and the problems of `then` about other keys, or new messages about the same key
+    (a value missing in the config is reported once, not again as missing by validation)."""
+    reported = {p.key for p in first}
+    seen = {(p.key, p.message) for p in first}
+    out = list(first)
+    for p in then:
+        if (p.key, p.message) in seen or (p.key in reported and p.value is _missing()):
+            continue
+        seen.add((p.key, p.message))
+        out.append(p)
+    return out
+
+
+def _missing():
+    from qwen3exp.errors import MISSING
+
+    return MISSING
+
+
+def _with_source(p: Problem, provenance) -> Problem:
+    if p.source is not None or p.key.startswith("("):
+        return p
+    return replace(p, source=str(provenance.source(p.key)))
+
+
 def _task(cfg) -> None:
     """One Hydra job: validate (cheap, already checked), launch torchrun, record the summary."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
     from qwen3exp.launch import launch, prepare
+    from qwen3exp.plan import make_plan
+    from qwen3exp.schema import validate_experiment
 
     data = OmegaConf.to_container(cfg, resolve=True)
     data.pop("hydra", None)
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
     exp = validate_experiment(data)
+    checked = _points.get(_task_key(hc.overrides.task))
     try:
-        summary = launch(prepare(exp), run_dir)
+        plan = make_plan(exp, run_dir, overrides=list(hc.overrides.task),
+                         provenance=checked.provenance if checked is not None else None)
+        summary = launch(prepare(exp), run_dir, plan)
     except ConfigError as e:
         _discard_if_empty(run_dir)
         print(e.render(), file=sys.stderr)
@@ -141,16 +218,18 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(e.render(), file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    if any(exp.dry_run for _, exp, _ in points):
+    if any(p.exp.dry_run for p in points):
         from qwen3exp.report_plan import print_plans
 
         return print_plans(points)
+    _points.clear()
+    _points.update({p.task_key: p for p in points})
     if inv.multirun:
-        extra = [f"hydra.sweep.dir={points[0][2]}"]
+        extra = [f"hydra.sweep.dir={points[0].sweep_dir}"]
     else:
-        run_dir = Path(points[0][2])
+        run_dir = Path(points[0].run_dir)
         if rundir.looks_like_run(run_dir):
-            problem = rerun_problem(points[0][1], run_dir)
+            problem = rerun_problem(points[0].exp, run_dir)
             if problem is not None:
                 print(ConfigError([problem]).render(), file=sys.stderr)
                 return EXIT_CONFIG_ERROR
