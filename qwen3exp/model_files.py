@@ -238,11 +238,11 @@ def _weights_problems(key: str, folder: Path, arch: Arch, *, exact: bool) -> lis
         return [Problem(key, str(folder), "folder does not exist", "a folder with *.safetensors")]
     files, msgs = safetensors_files(folder)
     if not files and not msgs:
-        return [Problem(key, str(folder), "holds no *.safetensors to load")]
+        return [Problem(key, str(folder), "holds no *.safetensors to load", "a folder with *.safetensors")]
     shapes, bad = read_headers(files)
     msgs += bad
     if bad:  # names from a broken file are incomplete; do not add spurious 'missing' lines
-        return [Problem(key, str(folder), m) for m in msgs]
+        return [Problem(key, str(folder), m, "readable, complete safetensors files") for m in msgs]
     need = hf_param_shapes(arch)
     missing = [n for n in need if n not in shapes]
     wrong = [f"{n} {list(shapes[n])} (the model needs {list(need[n])})"
@@ -253,5 +253,5 @@ def _weights_problems(key: str, folder: Path, arch: Arch, *, exact: bool) -> lis
         if names:
             listed = ", ".join(names[:MAX_LISTED]) + (f" and {len(names) - MAX_LISTED} more" if len(names) > MAX_LISTED else "")
             msgs.append(f"{what}: {listed}")
-    return [Problem(key, str(folder), m, hint="the checkpoint does not match the model's dimensions")
-            for m in msgs]
+    return [Problem(key, str(folder), m, "a folder whose safetensors hold every tensor the model needs, with its shape",
+                    hint="the checkpoint does not match the model's dimensions") for m in msgs]

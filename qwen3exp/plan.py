@@ -123,7 +123,7 @@ def mesh_problems(parallelism, launcher, facts: PlatformFacts) -> tuple[Mesh | N
         v = getattr(p, key)
         if world % v:
             problems.append(Problem(f"parallelism.{key}", v, f"does not divide the {origin}",
-                                    f"divisors of {world}: {one_of(divisors)}",
+                                    f"{one_of(divisors)} (the divisors of {world})",
                                     f"or run {v} ranks per node: launcher.nproc_per_node={v}"))
     others = p.dp_replicate * p.tp * p.pp * p.cp
     if not problems and world % others:
@@ -145,7 +145,7 @@ def mesh_problems(parallelism, launcher, facts: PlatformFacts) -> tuple[Mesh | N
     if p.ep > 1 and (dp_shard * p.cp * p.tp) % p.ep:
         n = dp_shard * p.cp * p.tp
         problems.append(Problem("parallelism.ep", p.ep, f"must divide dp_shard x cp x tp = {n}",
-                                f"divisors of {n}: {one_of(d for d in range(1, n + 1) if n % d == 0)}"))
+                                f"{one_of(d for d in range(1, n + 1) if n % d == 0)} (the divisors of {n})"))
     if facts.devices_per_node is not None and nproc > facts.devices_per_node:
         msg = (f"{nproc} ranks per node, but the {facts.name} platform sees {facts.devices_per_node} "
                f"device(s) on this node")

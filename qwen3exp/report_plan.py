@@ -112,8 +112,8 @@ def render(plan, provenance_diff=None) -> str:
     else:
         add("overrides:  none")
     c = plan.checkpoint
-    word = {True: "compatible", False: "INCOMPATIBLE", None: "nothing to check"}[c.compatible]
-    add(f"checkpoint: {word}: {c.detail}")
+    word = {True: "compatible: ", False: "INCOMPATIBLE: ", None: ""}[c.compatible]
+    add(f"checkpoint: {word}{c.detail}")
     for i, cmd in enumerate(plan.commands):
         label = "command:   " if len(plan.commands) == 1 else f"node {i}:    "
         add(f"{label} {shlex.join(cmd)}")

@@ -330,12 +330,12 @@ def section_arch_problems(model: Any, training: Training | None, parallelism: Pa
         for key, heads in (("n_heads", arch.n_heads), ("n_kv_heads", arch.n_kv_heads)):
             if heads % tp:
                 problems.append(Problem("parallelism.tp", tp, f"does not divide the model's {key} ({heads}, {origin})",
-                                        f"divisors of {heads}: {one_of(_divisors(heads))}",
+                                        f"{one_of(_divisors(heads))} (the divisors of {heads})",
                                         _nearest_hint("parallelism.tp", tp, _divisors(heads))))
         if arch.moe is not None and parallelism.ep > 1 and arch.moe.num_experts % parallelism.ep:
             problems.append(Problem("parallelism.ep", parallelism.ep,
                                     f"does not divide the number of experts ({arch.moe.num_experts}, {origin})",
-                                    f"divisors of {arch.moe.num_experts}: {one_of(_divisors(arch.moe.num_experts))}"))
+                                    f"{one_of(_divisors(arch.moe.num_experts))} (the divisors of {arch.moe.num_experts})"))
         if arch.moe is None and parallelism.ep > 1:
             problems.append(Problem("parallelism.ep", parallelism.ep,
                                     f"expert parallelism needs an MoE model; {origin} is dense", "1"))
