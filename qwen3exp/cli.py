@@ -12,11 +12,16 @@ import shutil
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from qwen3exp import rundir
 from qwen3exp.compose import Composer, Invocation, parse_argv, sweep_points
 from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError, Problem
 from qwen3exp.schema import Experiment
+
+if TYPE_CHECKING:
+    from qwen3exp.plan import Plan
+    from qwen3exp.provenance import Provenance
 
 _results: list[dict] = []
 _points: dict[tuple[str, ...], Point] = {}
@@ -30,10 +35,8 @@ class Point:
     exp: Experiment
     run_dir: str
     sweep_dir: str
-    plan: object
-    """`qwen3exp.plan.Plan`"""
-    provenance: object
-    """`qwen3exp.provenance.Provenance`"""
+    plan: Plan
+    provenance: Provenance
 
     @property
     def task_key(self) -> tuple[str, ...]:

@@ -120,7 +120,7 @@ def check_group_choices(overrides: list[str], config_dir: Path,
                 if v not in options[key] and v != "null":
                     problems.append(Problem(key, v, f"no option {v!r} in config group {key!r}",
                                             one_of(options[key]), did_you_mean(v, options[key]),
-                                            source="command line"))
+                                            source=f"command line {_shown(ov)}"))
     return problems
 
 
@@ -192,9 +192,14 @@ class Composer:
         from omegaconf.errors import OmegaConfBaseException
 
         parsed = self.parse(overrides)
-        problems = check_group_choices(overrides, self.config_dir, self._options, parsed)
-        if problems:
-            raise ConfigError(problems, context=context)
+        group_problems = check_group_choices(overrides, self.config_dir, self._options, parsed)
+        if group_problems and not collect:
+            raise ConfigError(group_problems, context=context)
+        if group_problems:
+            # Compose the rest with the default option, leaving out the keys of the bad group, so
+            # that the other mistakes are reported too.
+            bad = {p.key.split("@")[0] for p in group_problems}
+            parsed = [o for o in parsed if o.key_or_group.split("@")[0].split(".")[0] not in bad]
         groups, values = self._split(parsed)
         # Group choices and hydra.* settings (the same for every point of a sweep) are composed by
         # Hydra itself, once; the experiment's value overrides are applied to a copy per point.
@@ -203,7 +208,7 @@ class Composer:
         key = tuple(o.input_line for o in [*groups, *hydra_values])
         base, job_base, hydra_plain = self._base_for(key, context)
         job = copy.deepcopy(job_base)  # the experiment part only (copying Hydra's node costs ~80 ms)
-        problems = self._apply(values, job, base)
+        problems = group_problems + self._apply(values, job, base)
         hydra_plain = _hydra_dirs(hydra_plain, parsed, job_num)
         for k in sorted(OmegaConf.missing_keys(job)):
             problems.append(Problem(k, MISSING, "required value is not set (??? in the config)",
@@ -307,6 +312,11 @@ def compose_point(overrides: list[str], *, config_dir: Path = CONF_DIR, config_n
         return c.compose(overrides, context=context)
 
 
+def _shown(ov) -> str:
+    """An override as the user typed it (experiment=X, not Hydra's experiment@_global_=X)."""
+    return ov.input_line.replace("experiment@_global_", "experiment")
+
+
 def _apply_overrides(overrides: list, cfg) -> None:
     # Hydra's own code for key=value, +key=value, ++key=value and ~key (hydra-core 1.3).
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
@@ -356,12 +366,12 @@ def _problems_from_compose_error(e: Exception, parsed: list, base) -> list[Probl
             top = key.split(".")[0]
             problems.append(Problem(key, ov.get_value_element_as_str(), f"unknown section {parent_key or top!r}",
                                     one_of(sections), did_you_mean(parent_key or top, sections),
-                                    source="command line"))
+                                    source=f"command line {_shown(ov)}"))
         elif leaf not in parent:
             siblings = [str(k) for k in parent.keys()]
             full = [f"{parent_key}.{s}" if parent_key else s for s in siblings]
             problems.append(Problem(key, ov.get_value_element_as_str(), "unknown key", one_of(siblings),
-                                    did_you_mean(key, full), source="command line"))
+                                    did_you_mean(key, full), source=f"command line {_shown(ov)}"))
     if not problems:
         msg = str(e)
         first = msg.strip().splitlines()[0] if msg.strip() else type(e).__name__
