@@ -118,6 +118,8 @@ CASES = [
     Case("several_at_once", ("training.steps=0", "model.flavor=4b", "parallelism.tp=3", "training.decay_type=cosin"),
          "parallelism.tp", "allowed: 1, 2 (the divisors of 2)",
          ("4 configuration errors", "training.steps = 0", "model.flavor = '4b'", "training.decay_type = 'cosin'")),
+    Case("group_option_with_others", ("data=locl", "training.steps=0"), "data", "bundled, local",
+         ("did you mean local?", "2 configuration errors", "training.steps = 0")),
     Case("bad_sweep_point", ("-m", "training.steps=10,0"), "training.steps", "a number > 0",
          ("sweep point 2/2",), multirun=True),
 ]
