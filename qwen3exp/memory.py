@@ -20,8 +20,9 @@ Memory per rank (bytes), for AdamW:
   gradients   = params_per_rank x bytes(training.dtype)
   optimizer   = 2 x params_per_rank x bytes(training.dtype)          (exp_avg and exp_avg_sq)
   fsdp buffers = 2 x U x bytes(mixed_precision_param) + U x 4          (U: the largest FSDP unit's
-                 unsharded parameters / tp: one all-gathered, one prefetched, one float32
-                 gradient being reduce-scattered; 0 when nothing is sharded)
+                 unsharded parameters / tp: a block, the embedding, or [norm, lm_head]; one
+                 all-gathered, one prefetched, one float32 gradient being reduce-scattered; 0 when
+                 nothing is sharded)
   activations = T x [ L x per_layer + head ] x bytes(compute) / tp  +  head logits
 with T = local_batch_size x seq_len / cp tokens per micro-batch (gradient accumulation runs one
 micro-batch at a time), L = n_layers, compute = mixed_precision_param, and per token and layer the
@@ -150,16 +151,23 @@ def params_per_rank(arch: Arch, g: Degrees) -> int:
 
 
 def largest_unit(arch: Arch, g: Degrees) -> int:
-    """Unsharded parameters (per tp shard) of the largest FSDP unit: one block, or embedding+head."""
-    blocks: dict[int | None, int] = {}
+    """Unsharded parameters (per tp / ep shard) of the largest FSDP unit, as torchtitan wraps them:
+    one per block, the embedding, and [final norm, lm_head] (one unit with the embedding when tied)."""
+    units: dict[object, int] = {}
     for t in param_tensors(arch):
         n = math.prod(t.shape)
-        if t.tp_dim is not None and not (t.expert and g.ep > 1):
-            n //= g.tp
         if t.expert and g.ep > 1:
             n //= g.ep
-        blocks[t.layer] = blocks.get(t.layer, 0) + n
-    return max(blocks.values())
+        elif t.tp_dim is not None:
+            n //= g.tp
+        if t.layer is not None:
+            unit: object = t.layer
+        elif t.name == "tok_embeddings.weight":
+            unit = "embedding and head" if arch.tied else "embedding"
+        else:
+            unit = "embedding and head" if arch.tied else "head"
+        units[unit] = units.get(unit, 0) + n
+    return max(units.values())
 
 
 @dataclass(frozen=True)
