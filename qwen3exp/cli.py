@@ -2,20 +2,30 @@
 
 1. Every point (one, or each point of a sweep) is composed, validated and planned before anything
    starts; any mistake prints the key, the value and what is allowed, and exits with code 2.
-2. Then Hydra runs (or sweeps) for real with the run/sweep directory pinned to what was checked,
-   and each job launches torchrun through `qwen3exp.launch`.
+2. A sweep is planned against its directory (`qwen3exp.sweep`): jobs that completed earlier with
+   the same resolved experiment are skipped, a folder that holds a different experiment refuses
+   the sweep (exit 2).
+3. Then Hydra runs (or sweeps) for real with the run/sweep directory pinned to what was checked,
+   and each job launches torchrun through `qwen3exp.launch`. A failing sweep job is recorded
+   `failed` and the sweep goes on; at the end a summary table is printed and the report files are
+   written into the sweep directory. Exit code: 0 all completed, 1 a job failed or did not run,
+   130/143 stopped by Ctrl-C/SIGTERM.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import signal
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from qwen3exp import rundir
-from qwen3exp.compose import Composer, Invocation, parse_argv, sweep_points
+from qwen3exp import rundir, sweep
+from qwen3exp.compose import Composer, Invocation, parse_argv, shown, sweep_points
 from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError, Problem
 from qwen3exp.schema import Experiment
 
@@ -25,6 +35,9 @@ if TYPE_CHECKING:
 
 _results: list[dict] = []
 _points: dict[tuple[str, ...], Point] = {}
+COMMAND_ENV = "QWEN3EXP_COMMAND"
+"""The launcher's command line (JSON list), for provenance.json; set by main() so that jobs run by
+a launcher plugin in another process record it too."""
 
 
 @dataclass
@@ -53,17 +66,26 @@ def preflight(inv: Invocation) -> list[Point]:
     point. Composition is shared between points (see `Composer`), so a 100-point sweep over values
     checks in about a second."""
     points = sweep_points(inv.overrides) if inv.multirun else [inv.overrides]
-    out, errors = [], []
+    out, errors, pinned = [], [], []
     with Composer(inv.config_dir, inv.config_name) as composer:
         for i, point in enumerate(points):
-            context = f"sweep point {i + 1}/{len(points)} [{' '.join(o for o in point if not o.startswith('hydra.'))}]" \
+            context = f"sweep point {i + 1}/{len(points)} [{' '.join(shown(o) for o in point if not o.startswith('hydra.'))}]" \
                 if inv.multirun else None
             try:
-                out.append(check_point(composer, point, context=context, job_num=i if inv.multirun else None))
+                checked = check_point(composer, [*point, *pinned], context=context,
+                                      job_num=i if inv.multirun else None)
             except ConfigError as e:
                 if e.context is None:
                     e.context = context
                 errors.append(e)
+                continue
+            if inv.multirun:
+                if not pinned:  # every point uses the first point's sweep dir (one ${now})
+                    inv.output_dir = checked.sweep_dir
+                    pinned = [f"hydra.sweep.dir={sweep.quote_value(checked.sweep_dir)}"]
+            else:
+                inv.output_dir = checked.run_dir
+            out.append(replace(checked, overrides=point))
     if errors:
         raise ConfigError.several(errors)
     return out
@@ -96,20 +118,13 @@ def rerun_problem(exp: Experiment, run_dir: Path) -> Problem | None:
 def _changed_keys(old: str, new: str) -> list[str]:
     import yaml
 
-    def flat(d, prefix=""):
-        out = {}
-        for k, v in (d or {}).items():
-            if isinstance(v, dict):
-                out.update(flat(v, f"{prefix}{k}."))
-            else:
-                out[f"{prefix}{k}"] = v
-        return out
+    from qwen3exp.diff import differences
 
     try:
-        a, b = flat(yaml.safe_load(old)), flat(yaml.safe_load(new))
+        a, b = yaml.safe_load(old), yaml.safe_load(new)
     except yaml.YAMLError:
         return []
-    return sorted(k for k in a.keys() | b.keys() if a.get(k, object()) != b.get(k, object()))
+    return [key for key, _, _ in differences(a or {}, b or {})]
 
 
 def check_point(composer: Composer, overrides: list[str], *, context: str | None = None,
@@ -163,7 +178,8 @@ def _with_source(p: Problem, provenance) -> Problem:
 
 
 def _task(cfg) -> None:
-    """One Hydra job: validate (cheap, already checked), launch torchrun, record the summary."""
+    """One Hydra job: validate (cheap, already checked), launch torchrun, record the summary.
+    In a sweep, a job that completed earlier is skipped and a failure never stops the sweep."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
@@ -171,25 +187,69 @@ def _task(cfg) -> None:
     from qwen3exp.plan import make_plan
     from qwen3exp.schema import validate_experiment
 
+    hc = HydraConfig.get()
+    multirun = hc.mode.name == "MULTIRUN"
     data = OmegaConf.to_container(cfg, resolve=True)
     data.pop("hydra", None)
-    hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     exp = validate_experiment(data)
+    if multirun:
+        try:
+            if sweep.claim(run_dir, exp.model_dump(mode="json")):
+                _results.append({"run_dir": str(run_dir), "status": "completed", "skipped": True})
+                return
+        except ConfigError as e:  # the folder changed since the plan: leave it alone
+            print(e.render(), file=sys.stderr)
+            _results.append({"run_dir": str(run_dir), "status": "failed", "exit_code": EXIT_CONFIG_ERROR})
+            return
     checked = _points.get(_task_key(hc.overrides.task))
+    started = time.monotonic()
     try:
         plan = make_plan(exp, run_dir, overrides=list(hc.overrides.task),
                          provenance=checked.provenance if checked is not None else None)
-        summary = launch(prepare(exp), run_dir, plan)
+        summary = launch(prepare(exp), run_dir, plan, origin=_origin(hc, multirun))
     except ConfigError as e:
-        _discard_if_empty(run_dir)
         print(e.render(), file=sys.stderr)
-        if HydraConfig.get().mode.name == "RUN":
+        if not multirun:
+            _discard_if_empty(run_dir)
             raise SystemExit(EXIT_CONFIG_ERROR)
-        summary = {"status": "failed", "exit_code": EXIT_CONFIG_ERROR, "error": e.render()}
+        summary = _record_failure(run_dir, exp, EXIT_CONFIG_ERROR, e.render(), time.monotonic() - started)
+    except Exception as e:
+        if not multirun:
+            raise
+        import traceback
+
+        traceback.print_exc()
+        summary = _record_failure(run_dir, exp, 1, f"launcher: {type(e).__name__}: {e}", time.monotonic() - started)
     _results.append({"run_dir": str(run_dir), **summary})
     if summary.get("status") == "interrupted":
         raise SystemExit(summary["exit_code"])
+
+
+def _record_failure(run_dir: Path, exp: Experiment, code: int, error: str, wall: float) -> dict:
+    """A sweep job that failed before torchrun could run still leaves a `failed` summary."""
+    summary = {"status": "failed", "exit_code": code, "world_size": None, "steps_completed": 0,
+               "first_loss": None, "last_loss": None, "wall_seconds": round(wall, 3), "error": error,
+               "name": exp.name, "experiment_hash": rundir.experiment_hash(exp.model_dump(mode="json"))}
+    rundir.atomic_write_json(run_dir / rundir.SUMMARY, summary)
+    return summary
+
+
+def _origin(hc, multirun: bool):
+    from qwen3exp.provenance import Origin
+
+    command = os.environ.get(COMMAND_ENV)
+    return Origin(
+        command=json.loads(command) if command else [sys.executable, *sys.argv],
+        mode=hc.mode.name,
+        task_overrides=list(hc.overrides.task),
+        hydra_overrides=list(hc.overrides.hydra),
+        config_sources=[f"{s.provider}: {s.schema}://{s.path}" for s in hc.runtime.config_sources],
+        config_name=hc.job.config_name,
+        job_num=int(hc.job.num) if multirun else None,
+        override_dirname=hc.job.override_dirname,
+        sweep_dir=str(hc.sweep.dir) if multirun else None,
+    )
 
 
 def _discard_if_empty(run_dir: Path) -> None:
@@ -210,17 +270,23 @@ def _run_hydra(inv: Invocation, extra: list[str]) -> None:
         sys.argv = saved
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, command: list[str] | None = None) -> int:
+    """`command`: the command line to record (default: `python -m qwen3exp ARGV`)."""
     argv = sys.argv[1:] if argv is None else argv
+    command = command or [sys.executable, "-m", "qwen3exp", *argv]
+    os.environ[COMMAND_ENV] = json.dumps(command)
     inv = parse_argv(argv)
     if inv.info_flags:  # --help, --cfg job, ...: Hydra answers by itself
         _run_hydra(inv, [])
         return 0
     try:
         points = preflight(inv)
+        jobs = sweep.plan(points, Path(inv.output_dir)) if inv.multirun else None
     except ConfigError as e:
         print(e.render(), file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    if jobs is not None:
+        print(sweep.describe(jobs, Path(inv.output_dir)), flush=True)
     if any(p.exp.dry_run for p in points):
         from qwen3exp.report_plan import print_plans
 
@@ -228,23 +294,49 @@ def main(argv: list[str] | None = None) -> int:
     _points.clear()
     _points.update({p.task_key: p for p in points})
     if inv.multirun:
-        extra = [f"hydra.sweep.dir={points[0].sweep_dir}"]
-    else:
-        run_dir = Path(points[0].run_dir)
-        if rundir.looks_like_run(run_dir):
-            problem = rerun_problem(points[0].exp, run_dir)
-            if problem is not None:
-                print(ConfigError([problem]).render(), file=sys.stderr)
-                return EXIT_CONFIG_ERROR
-        extra = [f"hydra.run.dir={run_dir}"]
+        return _multirun(inv, jobs, command)
+    run_dir = Path(points[0].run_dir)
+    if rundir.looks_like_run(run_dir):
+        problem = rerun_problem(points[0].exp, run_dir)
+        if problem is not None:
+            print(ConfigError([problem]).render(), file=sys.stderr)
+            return EXIT_CONFIG_ERROR
     _results.clear()
-    _run_hydra(inv, extra)
+    _run_hydra(inv, [f"hydra.run.dir={sweep.quote_value(str(run_dir))}"])
     if not _results:
         return 1
-    if len(_results) == 1:
-        return int(_results[0]["exit_code"])
-    failed = [r for r in _results if r["status"] != "completed"]
-    return 1 if failed else 0
+    return int(_results[0]["exit_code"])
+
+
+class _Terminated(BaseException):
+    """SIGTERM between two jobs (a scheduler's preemption): stop like Ctrl-C, with the summary."""
+
+
+def _on_sigterm(_signum, _frame):
+    raise _Terminated()
+
+
+def _multirun(inv: Invocation, jobs: list, command: list[str]) -> int:
+    """Run the sweep through Hydra; whatever happens, end with the summary table."""
+    sweep_dir = Path(inv.output_dir)
+    print(f"  to resume this sweep later, run: {sweep.resume_command(command, sweep_dir)}", flush=True)
+    _results.clear()
+    stopped = None
+    old = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        _run_hydra(inv, [f"hydra.sweep.dir={sweep.quote_value(str(sweep_dir))}"])
+    except KeyboardInterrupt:  # Ctrl-C between two jobs
+        stopped = 130
+    except _Terminated:
+        stopped = 143
+    except SystemExit as e:  # a job stopped by a signal, or Hydra itself gave up
+        if e.code in (130, 143):
+            stopped = e.code
+        else:
+            print(f"qwen3exp: the sweep stopped early (exit {e.code})", file=sys.stderr)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    return sweep.finish(jobs, sweep_dir, command, stopped=stopped)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwen3exp.errors import ConfigError, MISSING, Problem, did_you_mean, one_of
+from qwen3exp.sweep import register_resolver
+
+# conf/config.yaml names sweep job folders with ${qwen3exp.safe_dirname:...}; every process that
+# composes (this one, and a launcher plugin's job process, which imports qwen3exp.cli) needs it.
+register_resolver()
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 CONFIG_NAME = "config"
@@ -31,6 +36,9 @@ class Invocation:
     config_name: str = CONFIG_NAME
     info_flags: list[str] = field(default_factory=list)
     """Flags Hydra answers by itself (--help, --cfg job, --info ...): passed straight through."""
+    output_dir: str | None = None
+    """The run directory (multirun: the sweep directory) as composed by the preflight; Hydra is
+    then pinned to it, so `${now:...}` in the default names resolves once for every point."""
 
     @property
     def user_overrides(self) -> list[str]:
@@ -80,6 +88,11 @@ def _global_experiment(arg: str) -> str:
         if arg.startswith(prefix):
             return arg.replace("experiment=", "experiment@_global_=", 1)
     return arg
+
+
+def shown(override: str) -> str:
+    """An override as the user typed it (`experiment@_global_=x` -> `experiment=x`)."""
+    return override.replace("experiment@_global_=", "experiment=", 1)
 
 
 def group_options(config_dir: Path = CONF_DIR) -> dict[str, list[str]]:
@@ -138,6 +151,8 @@ class Composed:
     """The group choices (model=..., experiment=...) this point was composed with."""
     value_overrides: tuple[str, ...] = ()
     """The key=value, +key=value, ~key overrides applied on top."""
+    sweep_subdir: str | None = None
+    """This point's folder under sweep_dir (composed with job_num; None otherwise)."""
 
 
 class Composer:
@@ -222,7 +237,8 @@ class Composer:
             with _open(job):
                 job.hydra = hydra_plain  # only run, sweep and job: what directory names refer to
             sweep_dir = str(job.hydra.sweep.dir)
-            run_dir = f"{sweep_dir}/{job.hydra.sweep.subdir}" if job_num is not None else str(job.hydra.run.dir)
+            sweep_subdir = str(job.hydra.sweep.subdir) if job_num is not None else None
+            run_dir = f"{sweep_dir}/{sweep_subdir}" if job_num is not None else str(job.hydra.run.dir)
         except OmegaConfBaseException as e:
             k = getattr(e, "full_key", None) or "(interpolation)"
             raise ConfigError(problems + [Problem(str(k), getattr(e, "msg", str(e)), "cannot resolve interpolation")],
@@ -230,7 +246,7 @@ class Composer:
         if problems and not collect:
             raise ConfigError(problems, context=context)
         return Composed(data, run_dir, sweep_dir, overrides, problems, tuple(o.input_line for o in groups),
-                        tuple(o.input_line for o in values))
+                        tuple(o.input_line for o in values), sweep_subdir)
 
     @staticmethod
     def _apply(values: list, cfg, base) -> list[Problem]:
@@ -292,9 +308,9 @@ class Composer:
         return self._defaults[group_key]
 
     def provenance(self, composed: Composed):
-        """Where each key's value came from (see `qwen3exp.provenance`); the files' part is computed
+        """Where each key's value came from (see `qwen3exp.origins`); the files' part is computed
         once per set of group choices."""
-        from qwen3exp.provenance import Provenance, file_sources
+        from qwen3exp.origins import Provenance, file_sources
 
         if composed.group_key not in self._file_sources:
             self._file_sources[composed.group_key] = file_sources(self, composed.group_key)
@@ -306,10 +322,11 @@ class Composer:
 
 
 def compose_point(overrides: list[str], *, config_dir: Path = CONF_DIR, config_name: str = CONFIG_NAME,
-                  context: str | None = None) -> Composed:
-    """Compose a single point (raises ConfigError on any mistake)."""
+                  context: str | None = None, job_num: int | None = None) -> Composed:
+    """Compose a single point (raises ConfigError on any mistake). `job_num`: the point's index in a
+    sweep (Hydra's hydra.job.num), so that the sweep subdir resolves as it will in the real job."""
     with Composer(config_dir, config_name) as c:
-        return c.compose(overrides, context=context)
+        return c.compose(overrides, context=context, job_num=job_num)
 
 
 def _shown(ov) -> str:

@@ -2,8 +2,9 @@
 
 `prepare()` does everything that can fail on a bad configuration (platform, mesh, batches, and
 building torchtitan's `Trainer.Config` once so torchtitan's own checks run) and raises ConfigError.
-`launch()` writes the run directory, starts torchrun in its own process group, forwards Ctrl-C and
-SIGTERM to the whole group (SIGKILL after `launcher.stop_timeout_s`), and writes `summary.json`.
+`launch()` writes the run directory (with `provenance.json`: where the run came from), starts
+torchrun in its own process group, forwards Ctrl-C and SIGTERM to the whole group (SIGKILL after
+`launcher.stop_timeout_s`), and writes `summary.json` (with the experiment's content hash).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from qwen3exp import model_files, rundir
+from qwen3exp import model_files, provenance, rundir, tracking
 from qwen3exp.errors import ConfigError, Problem
 from qwen3exp.platforms import PlatformFacts, resolve
 from qwen3exp.plan import Batches, Mesh, resolve_batches, resolve_mesh
@@ -42,6 +43,9 @@ def prepare(exp: Experiment) -> Prepared:
     mismatch (cheap: no torchtitan, only JSON and safetensors headers are read)."""
     files = model_files.check(exp)
     facts = resolve(exp.platform, nproc_per_node=exp.launcher.nproc_per_node)
+    problems = tracking.check(exp)
+    if problems:
+        raise ConfigError(problems)
     mesh = resolve_mesh(exp, facts)
     return Prepared(exp, facts, mesh, resolve_batches(exp, mesh), files)
 
@@ -135,6 +139,7 @@ def summarize(prep: Prepared, run_dir: Path, *, exit_code: int, status: str, wal
         "checkpoint": prep.exp.checkpoint.kind,
         "resumed_from_step": resumed_from,
         "export": export,
+        "experiment_hash": rundir.experiment_hash(prep.exp.model_dump(mode="json")),
     }
     rundir.atomic_write_json(run_dir / rundir.SUMMARY, summary)
     return summary
@@ -192,22 +197,26 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def launch(prep: Prepared, run_dir: Path, plan=None) -> dict:
-    """Write the run directory (plan.json included), run torchrun, write summary.json; returns the
-    summary. `plan`: the checked plan of this run (computed here when not given)."""
+def launch(prep: Prepared, run_dir: Path, plan=None, *, origin: provenance.Origin | None = None) -> dict:
+    """Write the run directory (plan.json and provenance.json included), run torchrun, write
+    summary.json; returns the summary. `plan`: the checked plan of this run (computed here when not
+    given); `origin`: the command line and Hydra overrides, for provenance.json."""
     trainer_config = build_torchtitan_config(prep, run_dir)
     argv = torchrun_argv(prep, run_dir)
     resumed_from = rundir.latest_checkpoint_step(run_dir) if prep.exp.checkpoint.kind == "dcp" else None
     write_run_files(prep, run_dir, trainer_config, argv, plan)
+    provenance.write(run_dir, prep.facts, rundir.experiment_hash(prep.exp.model_dump(mode="json")), origin)
     if resumed_from is not None:  # torchtitan resumes there; the later rows are written again
         rundir.truncate_metrics(run_dir, resumed_from)
     else:
         (run_dir / rundir.METRICS).unlink(missing_ok=True)
+    env = rank_env(prep)
+    env.update(tracking.env(prep.exp, run_dir, sweep_dir=origin.sweep_dir if origin else None))
     print(f"qwen3exp: {prep.exp.name}: {prep.mesh.world_size} rank(s) on {prep.facts.name} "
           f"({prep.facts.reason}); run directory {run_dir}"
           + (f"; resuming from checkpoint step {resumed_from}" if resumed_from is not None else ""), flush=True)
     start = time.monotonic()
-    code, sig = run_torchrun(argv, rank_env(prep), prep.exp.launcher.stop_timeout_s)
+    code, sig = run_torchrun(argv, env, prep.exp.launcher.stop_timeout_s)
     wall = time.monotonic() - start
     if sig is not None:
         status, code, error = "interrupted", EXIT_SIGNAL[sig], f"stopped by {signal.Signals(sig).name}"

@@ -3,8 +3,10 @@
 A run directory holds the resolved experiment (`experiment.yaml`), the plan (`plan.json`: mesh,
 parameters, memory estimate, overrides, commands, where each value came from), the resolved platform
 (`platform.json`), the torchtitan config (`torchtitan_config.json`), the exact command
-(`command.txt`), Hydra's `.hydra/`, `metrics.jsonl`, `summary.json`, per-rank logs under `logs/`
-and, when checkpointing is on, `checkpoint/`.
+(`command.txt`), where it came from (`provenance.json`, and `git.diff` when the source tree had
+local changes), Hydra's `.hydra/`, `metrics.jsonl`, `summary.json`, per-rank logs under `logs/`
+and, when checkpointing is on, `checkpoint/`. A rerun of an unfinished sweep job keeps the earlier
+attempt's files under `attempts/<n>/`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ METRICS = "metrics.jsonl"
 PLAN = "plan.json"
 LOGS = "logs"
 CHECKPOINT = "checkpoint"
+PROVENANCE = "provenance.json"
+GIT_DIFF = "git.diff"
+ATTEMPTS = "attempts"
+HYDRA = ".hydra"
 
 STATUSES = ("completed", "failed", "interrupted")
 
@@ -99,3 +105,69 @@ def truncate_metrics(run_dir: Path, last_step: int) -> None:
     """Keep the metrics rows up to `last_step` (a resumed run appends the later steps again)."""
     rows = [r for r in read_metrics(run_dir) if r.get("step", 0) <= last_step]
     atomic_write_text(run_dir / METRICS, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+IDENTITY_IGNORES = ("dry_run",)
+"""Top-level keys that do not change what a run computes (left out of the experiment hash)."""
+
+
+def experiment_hash(resolved: dict) -> str:
+    """Content hash of a resolved experiment (`Experiment.model_dump(mode="json")`): the identity of
+    what a run computes, independent of the directory it lives in. Key order does not matter."""
+    identity = {k: v for k, v in resolved.items() if k not in IDENTITY_IGNORES}
+    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def read_experiment(run_dir: Path) -> dict | None:
+    """The resolved experiment a run was launched with (plain data), or None."""
+    import yaml
+
+    try:
+        data = yaml.safe_load((run_dir / EXPERIMENT).read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def run_hash(run_dir: Path) -> str | None:
+    """The experiment hash recorded for a run: summary.json's, else computed from experiment.yaml
+    (a run killed before it could write its summary)."""
+    summary = read_json(run_dir / SUMMARY)
+    if isinstance(summary, dict) and summary.get("experiment_hash"):
+        return summary["experiment_hash"]
+    data = read_experiment(run_dir)
+    return experiment_hash(data) if data is not None else None
+
+
+def flatten(data: dict, prefix: str = "") -> dict[str, Any]:
+    """{"training": {"lr": 1}} -> {"training.lr": 1}; lists stay values."""
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def find_runs(path: Path) -> list[Path]:
+    """The runs at PATH: PATH itself if it is a run, else every run below it (a run's own
+    sub-folders, e.g. earlier attempts, are not searched), in natural order (seed=2 before seed=10)."""
+    path = Path(path)
+    if looks_like_run(path):
+        return [path]
+    found = []
+    for root, dirs, _files in os.walk(path):
+        here = Path(root)
+        if here != path and looks_like_run(here):
+            found.append(here)
+            dirs.clear()
+            continue
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+    return sorted(found, key=lambda p: natural_key(str(p.relative_to(path))))
+
+
+def natural_key(text: str) -> list:
+    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", text)]

@@ -277,7 +277,11 @@ Launcher = Annotated[Union[LocalLauncher], Field(discriminator="kind")]
 class Metrics(_Strict):
     log_freq: PosInt = 1
     tensorboard: bool = True
+    """TensorBoard event files under the run directory's tb/."""
     wandb: bool = False
+    """Weights & Biases (opt-in): needs `wandb` installed and a login, or WANDB_MODE=offline."""
+    wandb_project: Annotated[str, Field(min_length=1)] = "qwen3exp"
+    """W&B project (the WANDB_PROJECT environment variable wins when set)."""
 
 
 # ---------------------------------------------------------------------------------- experiment

@@ -1,0 +1,55 @@
+"""Experiment trackers: TensorBoard (on by default, event files in the run directory) and
+Weights & Biases (opt-in, `metrics.wandb=true`).
+
+torchtitan creates both loggers on the metrics rank. When the W&B logger cannot start (package
+missing, not logged in) torchtitan logs one line and trains on without it, so the run silently has
+no W&B record: `check()` turns both cases into configuration errors before anything starts.
+`env()` names the W&B run after the experiment and groups a sweep's runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import netrc
+import os
+from pathlib import Path
+from urllib.parse import urlparse
+
+from qwen3exp.errors import Problem
+from qwen3exp.schema import Experiment
+
+_NO_LOGIN_MODES = ("offline", "disabled", "dryrun")
+
+
+def check(exp: Experiment) -> list[Problem]:
+    if not exp.metrics.wandb:
+        return []
+    if importlib.util.find_spec("wandb") is None:
+        return [Problem("metrics.wandb", True, "needs the wandb package, which is not installed",
+                        "false, or install it", "pip install 'qwen3exp[wandb]'")]
+    if os.environ.get("WANDB_MODE", "online") in _NO_LOGIN_MODES or os.environ.get("WANDB_API_KEY") \
+            or _netrc_has(urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname):
+        return []
+    return [Problem("metrics.wandb", True,
+                    "W&B is not logged in (no WANDB_API_KEY, no ~/.netrc entry) and WANDB_MODE is not offline; "
+                    "torchtitan would drop the W&B logger with one log line",
+                    hint="run `wandb login`, set WANDB_API_KEY, or set WANDB_MODE=offline (files stay in the run directory)")]
+
+
+def _netrc_has(host: str | None) -> bool:
+    path = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    try:
+        return host is not None and netrc.netrc(str(path)).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def env(exp: Experiment, run_dir: Path, *, sweep_dir: str | None = None) -> dict[str, str]:
+    """Environment for the ranks (values the user already set win)."""
+    if not exp.metrics.wandb:
+        return {}
+    out = {"WANDB_PROJECT": exp.metrics.wandb_project,
+           "WANDB_RUN_NAME": f"{exp.name}/{run_dir.name}"}
+    if sweep_dir:
+        out["WANDB_RUN_GROUP"] = f"{exp.name}/{Path(sweep_dir).name}"
+    return {k: v for k, v in out.items() if k not in os.environ}
