@@ -20,61 +20,74 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING
 
 from qwen3exp import rundir, sweep
-from qwen3exp.compose import Invocation, compose_point, parse_argv, shown, sweep_points
+from qwen3exp.compose import Composer, Invocation, parse_argv, shown, sweep_points
 from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError, Problem
-from qwen3exp.schema import Experiment, validate_experiment
+from qwen3exp.schema import Experiment
+
+if TYPE_CHECKING:
+    from qwen3exp.plan import Plan
+    from qwen3exp.provenance import Provenance
 
 _results: list[dict] = []
+_points: dict[tuple[str, ...], Point] = {}
 COMMAND_ENV = "QWEN3EXP_COMMAND"
 """The launcher's command line (JSON list), for provenance.json; set by main() so that jobs run by
 a launcher plugin in another process record it too."""
 
 
-class Point(NamedTuple):
+@dataclass
+class Point:
+    """One checked point of a run or sweep."""
+
     overrides: list[str]
     exp: Experiment
     run_dir: str
-    """This point's own run directory (in a sweep: sweep dir / subdir named by its overrides)."""
+    sweep_dir: str
+    plan: Plan
+    provenance: Provenance
+
+    @property
+    def task_key(self) -> tuple[str, ...]:
+        return _task_key(self.overrides)
+
+
+def _task_key(overrides) -> tuple[str, ...]:
+    """The overrides Hydra records as the job's task overrides (hydra's own excluded)."""
+    return tuple(o for o in overrides if not o.lstrip("+~").startswith("hydra"))
 
 
 def preflight(inv: Invocation) -> list[Point]:
-    """Compose and validate every point; sets `inv.output_dir` (the run or sweep directory)."""
-    from qwen3exp.launch import prepare
-
+    """Compose, validate and plan every point; raise one ConfigError naming every problem of every
+    point. Composition is shared between points (see `Composer`), so a 100-point sweep over values
+    checks in about a second."""
     points = sweep_points(inv.overrides) if inv.multirun else [inv.overrides]
-    out, problems, pinned = [], [], []
-    for i, point in enumerate(points):
-        context = f"sweep point {i + 1}/{len(points)} [{' '.join(shown(o) for o in point if not o.startswith('hydra.'))}]" \
-            if inv.multirun else None
-        try:
-            composed = compose_point([*point, *pinned], config_dir=inv.config_dir, config_name=inv.config_name,
-                                     context=context, job_num=i if inv.multirun else None)
-            exp = validate_experiment(composed.data, context=context)
-            prepare(exp)
-        except ConfigError as e:
-            if e.context is None:
-                e.context = context
-            problems.append(e)
-            continue
-        if inv.multirun:
-            if not pinned:  # every point uses the first point's sweep dir (one ${now})
-                inv.output_dir = composed.sweep_dir
-                pinned = [f"hydra.sweep.dir={sweep.quote_value(composed.sweep_dir)}"]
-            run_dir = os.path.join(inv.output_dir, composed.sweep_subdir)
-        else:
-            inv.output_dir = run_dir = composed.run_dir
-        out.append(Point(point, exp, run_dir))
-    if len(problems) == 1:
-        raise problems[0]
-    if problems:  # several sweep points: each problem says which point it belongs to
-        raise ConfigError([replace(p, source=", ".join(x for x in (p.source, e.context) if x))
-                           for e in problems for p in e.problems],
-                          context=f"{len(problems)} of {len(points)} sweep points")
+    out, errors, pinned = [], [], []
+    with Composer(inv.config_dir, inv.config_name) as composer:
+        for i, point in enumerate(points):
+            context = f"sweep point {i + 1}/{len(points)} [{' '.join(shown(o) for o in point if not o.startswith('hydra.'))}]" \
+                if inv.multirun else None
+            try:
+                checked = check_point(composer, [*point, *pinned], context=context,
+                                      job_num=i if inv.multirun else None)
+            except ConfigError as e:
+                if e.context is None:
+                    e.context = context
+                errors.append(e)
+                continue
+            if inv.multirun:
+                if not pinned:  # every point uses the first point's sweep dir (one ${now})
+                    inv.output_dir = checked.sweep_dir
+                    pinned = [f"hydra.sweep.dir={sweep.quote_value(checked.sweep_dir)}"]
+            else:
+                inv.output_dir = checked.run_dir
+            out.append(replace(checked, overrides=point))
+    if errors:
+        raise ConfigError.several(errors)
     return out
 
 
@@ -114,6 +127,56 @@ def _changed_keys(old: str, new: str) -> list[str]:
     return [key for key, _, _ in differences(a or {}, b or {})]
 
 
+def check_point(composer: Composer, overrides: list[str], *, context: str | None = None,
+                job_num: int | None = None) -> Point:
+    """Every check of one point, all problems together, each with the file its value came from."""
+    from qwen3exp.plan import make_plan, section_problems
+    from qwen3exp.schema import check_experiment
+
+    composed = composer.compose(overrides, context=context, job_num=job_num, collect=True)
+    checked = check_experiment(composed.data)
+    exp = checked.exp
+    problems = _merge(composed.problems, checked.problems)
+    if exp is None:
+        problems = _merge(problems, section_problems(checked.sections, checked.replaced))
+    provenance = composer.provenance(composed)
+    plan = None
+    if not problems:
+        try:
+            plan = make_plan(exp, composed.run_dir, overrides=overrides, provenance=provenance)
+        except ConfigError as e:
+            problems = e.problems
+    if problems:
+        raise ConfigError([_with_source(p, provenance) for p in problems], context=context)
+    return Point(overrides, exp, composed.run_dir, composed.sweep_dir, plan, provenance)
+
+
+def _merge(first: list[Problem], then: list[Problem]) -> list[Problem]:
+    """`first` and the problems of `then` about other keys, or new messages about the same key
+    (a value missing in the config is reported once, not again as missing by validation)."""
+    reported = {p.key for p in first}
+    seen = {(p.key, p.message) for p in first}
+    out = list(first)
+    for p in then:
+        if (p.key, p.message) in seen or (p.key in reported and p.value is _missing()):
+            continue
+        seen.add((p.key, p.message))
+        out.append(p)
+    return out
+
+
+def _missing():
+    from qwen3exp.errors import MISSING
+
+    return MISSING
+
+
+def _with_source(p: Problem, provenance) -> Problem:
+    if p.source is not None or p.key.startswith("("):
+        return p
+    return replace(p, source=str(provenance.source(p.key)))
+
+
 def _task(cfg) -> None:
     """One Hydra job: validate (cheap, already checked), launch torchrun, record the summary.
     In a sweep, a job that completed earlier is skipped and a failure never stops the sweep."""
@@ -121,6 +184,8 @@ def _task(cfg) -> None:
     from omegaconf import OmegaConf
 
     from qwen3exp.launch import launch, prepare
+    from qwen3exp.plan import make_plan
+    from qwen3exp.schema import validate_experiment
 
     hc = HydraConfig.get()
     multirun = hc.mode.name == "MULTIRUN"
@@ -137,9 +202,12 @@ def _task(cfg) -> None:
             print(e.render(), file=sys.stderr)
             _results.append({"run_dir": str(run_dir), "status": "failed", "exit_code": EXIT_CONFIG_ERROR})
             return
+    checked = _points.get(_task_key(hc.overrides.task))
     started = time.monotonic()
     try:
-        summary = launch(prepare(exp), run_dir, origin=_origin(hc, multirun))
+        plan = make_plan(exp, run_dir, overrides=list(hc.overrides.task),
+                         provenance=checked.provenance if checked is not None else None)
+        summary = launch(prepare(exp), run_dir, plan, origin=_origin(hc, multirun))
     except ConfigError as e:
         print(e.render(), file=sys.stderr)
         if not multirun:
@@ -219,10 +287,12 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None) -> 
         return EXIT_CONFIG_ERROR
     if jobs is not None:
         print(sweep.describe(jobs, Path(inv.output_dir)), flush=True)
-    if any(exp.dry_run for _, exp, _ in points):
+    if any(p.exp.dry_run for p in points):
         from qwen3exp.report_plan import print_plans
 
         return print_plans(points)
+    _points.clear()
+    _points.update({p.task_key: p for p in points})
     if inv.multirun:
         return _multirun(inv, jobs, command)
     run_dir = Path(points[0].run_dir)

@@ -120,11 +120,12 @@ def _parse(overrides: list[str]):
                                    "key=value, group=option, +key=value, ~key")]) from None
 
 
-def check_group_choices(overrides: list[str], config_dir: Path) -> list[Problem]:
+def check_group_choices(overrides: list[str], config_dir: Path,
+                        options: dict[str, list[str]] | None = None, parsed: list | None = None) -> list[Problem]:
     """Unknown options of config groups (model=natve), named with the options that exist."""
-    options = group_options(config_dir)
+    options = group_options(config_dir) if options is None else options
     problems = []
-    for ov in _parse(overrides):
+    for ov in _parse(overrides) if parsed is None else parsed:
         key = ov.key_or_group
         if key in options and not ov.is_delete():
             values = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
@@ -132,7 +133,7 @@ def check_group_choices(overrides: list[str], config_dir: Path) -> list[Problem]
                 if v not in options[key] and v != "null":
                     problems.append(Problem(key, v, f"no option {v!r} in config group {key!r}",
                                             one_of(options[key]), did_you_mean(v, options[key]),
-                                            source="command line"))
+                                            source=f"command line {_shown(ov)}"))
     return problems
 
 
@@ -143,101 +144,254 @@ class Composed:
     run_dir: str
     sweep_dir: str
     overrides: list[str]
+    problems: list[Problem] = field(default_factory=list)
+    """Mistakes found while composing that did not stop composition (an unknown key on the command
+    line, a ??? value): reported together with the validation errors of the rest."""
+    group_key: tuple[str, ...] = ()
+    """The group choices (model=..., experiment=...) this point was composed with."""
+    value_overrides: tuple[str, ...] = ()
+    """The key=value, +key=value, ~key overrides applied on top."""
     sweep_subdir: str | None = None
     """This point's folder under sweep_dir (composed with job_num; None otherwise)."""
 
 
+class Composer:
+    """Composes many points with one Hydra initialisation.
+
+    Hydra composes the defaults list (root config, group files, experiment file) once per distinct
+    set of group choices; the value overrides of each point (key=value, +key=value, ~key) are then
+    applied to a copy with Hydra's own override code (`_apply_overrides_to_config`, the function
+    `hydra.compose` uses), so the result is the same as composing each point from scratch. A sweep
+    over values therefore composes once instead of once per point.
+
+    Use as a context manager (it owns the global Hydra state while open).
+    """
+
+    def __init__(self, config_dir: Path = CONF_DIR, config_name: str = CONFIG_NAME) -> None:
+        self.config_dir = Path(config_dir)
+        self.config_name = config_name
+        self._options = group_options(self.config_dir)
+        self._base: dict[tuple[str, ...], object] = {}
+        self._base_error: dict[tuple[str, ...], Exception] = {}
+        self._defaults: dict[tuple[str, ...], list] = {}
+        self._file_sources: dict[tuple[str, ...], dict] = {}
+        self._parsed: dict[str, object] = {}
+        self._init = None
+        self._loader = None
+
+    def __enter__(self) -> Composer:
+        from hydra import initialize_config_dir
+        from hydra.core.global_hydra import GlobalHydra
+
+        GlobalHydra.instance().clear()
+        self._init = initialize_config_dir(config_dir=str(self.config_dir), version_base="1.3",
+                                           job_name="qwen3exp")
+        self._init.__enter__()
+        self._loader = GlobalHydra.instance().config_loader()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from hydra.core.global_hydra import GlobalHydra
+
+        self._init.__exit__(*exc)
+        GlobalHydra.instance().clear()
+
+    # ------------------------------------------------------------------------------ compose
+    def compose(self, overrides: list[str], *, context: str | None = None, job_num: int | None = None,
+                collect: bool = False) -> Composed:
+        """Compose one point. Fatal mistakes (an unknown group option, a file that does not compose)
+        raise ConfigError; with `collect`, the others are returned in `Composed.problems`."""
+        import copy
+
+        from omegaconf import OmegaConf
+        from omegaconf.errors import OmegaConfBaseException
+
+        parsed = self.parse(overrides)
+        group_problems = check_group_choices(overrides, self.config_dir, self._options, parsed)
+        if group_problems and not collect:
+            raise ConfigError(group_problems, context=context)
+        if group_problems:
+            # Compose the rest with the default option, leaving out the keys of the bad group, so
+            # that the other mistakes are reported too.
+            bad = {p.key.split("@")[0] for p in group_problems}
+            parsed = [o for o in parsed if o.key_or_group.split("@")[0].split(".")[0] not in bad]
+        groups, values = self._split(parsed)
+        # Group choices and hydra.* settings (the same for every point of a sweep) are composed by
+        # Hydra itself, once; the experiment's value overrides are applied to a copy per point.
+        hydra_values = [o for o in values if o.is_hydra_override()]
+        values = [o for o in values if not o.is_hydra_override()]
+        key = tuple(o.input_line for o in [*groups, *hydra_values])
+        base, job_base, hydra_plain = self._base_for(key, context)
+        job = copy.deepcopy(job_base)  # the experiment part only (copying Hydra's node costs ~80 ms)
+        problems = group_problems + self._apply(values, job, base)
+        hydra_plain = _hydra_dirs(hydra_plain, parsed, job_num)
+        for k in sorted(OmegaConf.missing_keys(job)):
+            problems.append(Problem(k, MISSING, "required value is not set (??? in the config)",
+                                    _describe(k), hint=f"set it on the command line: {k}=..."))
+            parent, _, leaf = k.rpartition(".")
+            node = OmegaConf.select(job, parent) if parent else job
+            with _open(node):
+                del node[leaf]  # so validation reports it once, as missing, and checks the rest
+        try:
+            data = OmegaConf.to_container(job, resolve=True)
+            with _open(job):
+                job.hydra = hydra_plain  # only run, sweep and job: what directory names refer to
+            sweep_dir = str(job.hydra.sweep.dir)
+            sweep_subdir = str(job.hydra.sweep.subdir) if job_num is not None else None
+            run_dir = f"{sweep_dir}/{sweep_subdir}" if job_num is not None else str(job.hydra.run.dir)
+        except OmegaConfBaseException as e:
+            k = getattr(e, "full_key", None) or "(interpolation)"
+            raise ConfigError(problems + [Problem(str(k), getattr(e, "msg", str(e)), "cannot resolve interpolation")],
+                              context=context) from None
+        if problems and not collect:
+            raise ConfigError(problems, context=context)
+        return Composed(data, run_dir, sweep_dir, overrides, problems, tuple(o.input_line for o in groups),
+                        tuple(o.input_line for o in values), sweep_subdir)
+
+    @staticmethod
+    def _apply(values: list, cfg, base) -> list[Problem]:
+        from hydra.errors import HydraException
+        from omegaconf.errors import OmegaConfBaseException
+
+        problems = []
+        for ov in values:  # one at a time, so that every bad override is reported, not just the first
+            try:
+                _apply_overrides([ov], cfg)
+            except (HydraException, OmegaConfBaseException) as e:
+                problems += _problems_from_compose_error(e, [ov], base)
+        return problems
+
+    def parse(self, overrides: list[str]) -> list:
+        """Hydra's parse of each override, cached by its text (sweep points repeat the same ones)."""
+        missing = [o for o in overrides if o not in self._parsed]
+        if missing:
+            self._parsed.update(zip(missing, _parse(missing)))
+        return [self._parsed[o] for o in overrides]
+
+    def _split(self, parsed) -> tuple[list, list]:
+        """Group overrides (they change the defaults list) and value overrides, as Hydra splits them."""
+        repo = self._loader.repository
+        groups, values = [], []
+        for ov in parsed:
+            is_group = not isinstance(ov.value(), dict) and repo.group_exists(ov.key_or_group)
+            (groups if is_group or ov.key_or_group.startswith("hydra.searchpath") else values).append(ov)
+        return groups, values
+
+    def _base_for(self, key: tuple[str, ...], context: str | None):
+        """The config composed from the root config and the chosen group files (cached)."""
+        from hydra import compose
+        from hydra.errors import HydraException
+        from omegaconf import OmegaConf
+        from omegaconf.errors import OmegaConfBaseException
+
+        if key not in self._base:
+            try:
+                cfg = compose(config_name=self.config_name, overrides=list(key), return_hydra_config=True)
+            except (HydraException, OmegaConfBaseException) as e:
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise ConfigError([Problem("(composition)", " ".join(key) or "(defaults)", first)],
+                                  context=context) from None
+            job = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"])
+            OmegaConf.set_struct(job, True)
+            hydra = OmegaConf.to_container(cfg.hydra, resolve=False)
+            self._base[key] = (cfg, job, {k: hydra[k] for k in ("run", "sweep", "job")})
+        return self._base[key]
+
+    # ---------------------------------------------------------------------------- provenance
+    def defaults_list(self, group_key: tuple[str, ...]) -> list:
+        """Hydra's defaults list for these group choices: the files composed, in order."""
+        from hydra.types import RunMode
+
+        if group_key not in self._defaults:
+            self._defaults[group_key] = self._loader.compute_defaults_list(
+                self.config_name, list(group_key), RunMode.RUN).defaults
+        return self._defaults[group_key]
+
+    def provenance(self, composed: Composed):
+        """Where each key's value came from (see `qwen3exp.origins`); the files' part is computed
+        once per set of group choices."""
+        from qwen3exp.origins import Provenance, file_sources
+
+        if composed.group_key not in self._file_sources:
+            self._file_sources[composed.group_key] = file_sources(self, composed.group_key)
+        return Provenance.with_overrides(self._file_sources[composed.group_key],
+                                         self.parse(list(composed.value_overrides)))
+
+    def load_file(self, config_path: str):
+        return self._loader.repository.load_config(config_path=config_path)
+
+
 def compose_point(overrides: list[str], *, config_dir: Path = CONF_DIR, config_name: str = CONFIG_NAME,
                   context: str | None = None, job_num: int | None = None) -> Composed:
-    """Compose one point. `job_num`: the point's index in a sweep (Hydra's hydra.job.num), so that
-    the sweep subdir resolves as it will in the real job."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf, open_dict, read_write
-    from omegaconf.errors import OmegaConfBaseException
-
-    problems = check_group_choices(overrides, config_dir)
-    if problems:
-        raise ConfigError(problems, context=context)
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3", job_name="qwen3exp"):
-            try:
-                cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
-            except (HydraException, OmegaConfBaseException) as e:
-                raise ConfigError(_problems_from_compose_error(e, overrides, config_dir, config_name),
-                                  context=context) from None
-    finally:
-        GlobalHydra.instance().clear()
-    job = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"])
-    missing = sorted(OmegaConf.missing_keys(job))
-    if missing:
-        raise ConfigError([Problem(k, MISSING, "required value is not set (??? in the config)",
-                                   hint=f"set it on the command line: {k}=...") for k in missing],
-                          context=context)
-    try:
-        data = OmegaConf.to_container(job, resolve=True)
-        run_dir = str(cfg.hydra.run.dir)
-        sweep_dir = str(cfg.hydra.sweep.dir)
-        sweep_subdir = None
-        if job_num is not None:
-            with read_write(cfg.hydra), open_dict(cfg.hydra):
-                cfg.hydra.job.num = job_num
-                cfg.hydra.job.id = str(job_num)
-            sweep_subdir = str(cfg.hydra.sweep.subdir)
-    except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None) or "(interpolation)"
-        raise ConfigError([Problem(str(key), getattr(e, "msg", str(e)), "cannot resolve interpolation")],
-                          context=context) from None
-    return Composed(data, run_dir, sweep_dir, overrides, sweep_subdir)
+    """Compose a single point (raises ConfigError on any mistake). `job_num`: the point's index in a
+    sweep (Hydra's hydra.job.num), so that the sweep subdir resolves as it will in the real job."""
+    with Composer(config_dir, config_name) as c:
+        return c.compose(overrides, context=context, job_num=job_num)
 
 
-def _problems_from_compose_error(e: Exception, overrides: list[str], config_dir: Path,
-                                 config_name: str) -> list[Problem]:
+def _shown(ov) -> str:
+    """An override as the user typed it (experiment=X, not Hydra's experiment@_global_=X)."""
+    return ov.input_line.replace("experiment@_global_", "experiment")
+
+
+def _apply_overrides(overrides: list, cfg) -> None:
+    # Hydra's own code for key=value, +key=value, ++key=value and ~key (hydra-core 1.3).
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    ConfigLoaderImpl._apply_overrides_to_config(overrides, cfg)
+
+
+def _describe(key: str) -> str | None:
+    from qwen3exp.schema import describe
+
+    return describe(key)
+
+
+def _hydra_dirs(hydra_plain: dict, parsed, job_num: int | None) -> dict:
+    """The part of the hydra node the run and sweep directories are computed from, for this point."""
+    from hydra._internal.config_loader_impl import get_overrides_dirname
+
+    task = [o for o in parsed if not o.is_hydra_override()]
+    job = dict(hydra_plain["job"])
+    od = job["config"]["override_dirname"]
+    job["override_dirname"] = get_overrides_dirname(overrides=task, kv_sep=od["kv_sep"], item_sep=od["item_sep"],
+                                                    exclude_keys=od["exclude_keys"])
+    if job_num is not None:
+        job["num"], job["id"] = job_num, str(job_num)
+    return {"run": hydra_plain["run"], "sweep": hydra_plain["sweep"], "job": job}
+
+
+def _open(node):
+    from omegaconf import open_dict
+
+    return open_dict(node)
+
+
+def _problems_from_compose_error(e: Exception, parsed: list, base) -> list[Problem]:
     """Name the offending override: an unknown key gets the keys that exist and a 'did you mean'."""
     from omegaconf import OmegaConf
 
-    msg = str(e)
     problems = []
-    try:
-        parsed = _parse(overrides)
-    except ConfigError:
-        parsed = []
-    base = _base_config(overrides, config_dir, config_name)
     for ov in parsed:
         key = ov.key_or_group
-        if key.startswith("hydra.") or ov.key_or_group in GROUPS or ov.is_add() or base is None:
+        if key.startswith("hydra.") or ov.is_add() or base is None:
             continue
         parent_key, _, leaf = key.rpartition(".")
+        sections = [str(k) for k in base.keys() if k != "hydra"]
         parent = OmegaConf.select(base, parent_key) if parent_key else base
         if parent is None or not OmegaConf.is_dict(parent):
-            problems.append(Problem(key, ov.get_value_element_as_str(), f"unknown section {parent_key!r}",
-                                    one_of(k for k in base.keys() if k != "hydra"),
-                                    did_you_mean(parent_key, [k for k in base.keys() if k != "hydra"]),
-                                    source="command line"))
+            top = key.split(".")[0]
+            problems.append(Problem(key, ov.get_value_element_as_str(), f"unknown section {parent_key or top!r}",
+                                    one_of(sections), did_you_mean(parent_key or top, sections),
+                                    source=f"command line {_shown(ov)}"))
         elif leaf not in parent:
             siblings = [str(k) for k in parent.keys()]
             full = [f"{parent_key}.{s}" if parent_key else s for s in siblings]
             problems.append(Problem(key, ov.get_value_element_as_str(), "unknown key", one_of(siblings),
-                                    did_you_mean(key, full), source="command line"))
+                                    did_you_mean(key, full), source=f"command line {_shown(ov)}"))
     if not problems:
+        msg = str(e)
         first = msg.strip().splitlines()[0] if msg.strip() else type(e).__name__
-        problems.append(Problem("(composition)", " ".join(overrides), first))
+        problems.append(Problem(parsed[0].key_or_group if parsed else "(composition)",
+                                " ".join(o.input_line for o in parsed), first, source="command line"))
     return problems
-
-
-def _base_config(overrides: list[str], config_dir: Path, config_name: str):
-    """The composed config with only the group choices applied (to look keys up in)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    try:
-        groups = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") in GROUPS]
-        GlobalHydra.instance().clear()
-        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3", job_name="qwen3exp"):
-            return compose(config_name=config_name, overrides=groups)
-    except Exception:
-        return None
-    finally:
-        GlobalHydra.instance().clear()

@@ -48,9 +48,20 @@ class ConfigError(Exception):
     problems: list[Problem] = field(default_factory=list)
     context: str | None = None
     """E.g. the sweep point the problems belong to."""
+    more: list[ConfigError] = field(default_factory=list)
+    """Errors of other sweep points, rendered after this one, each with its own context."""
 
     def __post_init__(self) -> None:
         super().__init__(self.render())
+
+    @classmethod
+    def several(cls, errors: list[ConfigError]) -> ConfigError:
+        first, *rest = errors
+        return cls(first.problems, first.context, [*first.more, *rest])
+
+    @property
+    def all_problems(self) -> list[Problem]:
+        return [*self.problems, *(p for e in self.more for p in e.all_problems)]
 
     def render(self) -> str:
         n = len(self.problems)
@@ -58,13 +69,31 @@ class ConfigError(Exception):
         if self.context:
             head += f" in {self.context}"
         head += " (nothing was started):"
-        return "\n".join([head, *(p.render() for p in self.problems)])
+        return "\n".join([head, *(p.render() for p in self.problems), *(e.render() for e in self.more)])
 
 
 def did_you_mean(word: str, options: list[str] | tuple[str, ...]) -> str | None:
-    close = difflib.get_close_matches(str(word), [str(o) for o in options], n=1, cutoff=0.6)
-    return f"did you mean {close[0]}?" if close else None
+    """The nearest option (case-insensitive), as 'did you mean X?'."""
+    by_lower = {str(o).lower(): str(o) for o in options}
+    close = difflib.get_close_matches(str(word).lower(), list(by_lower), n=1, cutoff=0.6)
+    return f"did you mean {by_lower[close[0]]}?" if close else None
 
 
 def one_of(options) -> str:
     return ", ".join(str(o) for o in options)
+
+
+def nearby_path(path) -> str | None:
+    """For a path that does not exist: 'did you mean <sibling>?', or which parent is missing."""
+    from pathlib import Path
+
+    path = Path(path)
+    parent = path.parent
+    if not parent.is_dir():
+        return f"{parent} does not exist either"
+    try:
+        names = [p.name for p in parent.iterdir()]
+    except OSError:
+        return None
+    close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
+    return f"did you mean {parent / close[0]}?" if close else None

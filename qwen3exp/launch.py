@@ -68,8 +68,16 @@ def build_torchtitan_config(prep: Prepared, run_dir: Path):
         raise ConfigError([Problem("(torchtitan Trainer.Config)", type(e).__name__, str(e) or repr(e))]) from None
 
 
-def torchrun_argv(prep: Prepared, run_dir: Path) -> list[str]:
+def torchrun_commands(prep: Prepared, run_dir: Path) -> list[list[str]]:
+    """The torchrun command of every node (one per node rank)."""
+    if prep.mesh.nnodes == 1:
+        return [torchrun_argv(prep, run_dir)]
+    return [torchrun_argv(prep, run_dir, node_rank=r) for r in range(prep.mesh.nnodes)]
+
+
+def torchrun_argv(prep: Prepared, run_dir: Path, *, node_rank: int | None = None) -> list[str]:
     la, mesh = prep.exp.launcher, prep.mesh
+    node_rank = la.node_rank if node_rank is None else node_rank
     argv = [sys.executable, "-m", "torch.distributed.run",
             "--nnodes", str(mesh.nnodes), "--nproc-per-node", str(mesh.nproc_per_node)]
     if mesh.nnodes == 1 and not la.rdzv_endpoint:
@@ -77,7 +85,7 @@ def torchrun_argv(prep: Prepared, run_dir: Path) -> list[str]:
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-id", "qwen3exp"]
     else:
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", la.rdzv_endpoint,
-                 "--rdzv-id", prep.exp.name, "--node-rank", str(la.node_rank)]
+                 "--rdzv-id", prep.exp.name, "--node-rank", str(node_rank)]
     argv += ["--max-restarts", str(la.max_restarts),
              "--log-dir", str(run_dir / rundir.LOGS), "--tee", "3", "--local-ranks-filter", "0",
              "-m", "qwen3exp.worker", str(run_dir)]
@@ -95,8 +103,12 @@ def rank_env(prep: Prepared) -> dict[str, str]:
     return env
 
 
-def write_run_files(prep: Prepared, run_dir: Path, trainer_config, argv: list[str]) -> None:
+def write_run_files(prep: Prepared, run_dir: Path, trainer_config, argv: list[str], plan=None) -> None:
+    from qwen3exp.plan import make_plan
+
+    plan = plan if plan is not None else make_plan(prep.exp, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    rundir.atomic_write_json(run_dir / rundir.PLAN, plan.as_json())
     rundir.atomic_write_text(run_dir / rundir.EXPERIMENT, rundir.experiment_yaml(prep.exp.model_dump(mode="json")))
     rundir.atomic_write_json(run_dir / rundir.PLATFORM, asdict(prep.facts))
     rundir.atomic_write_json(run_dir / rundir.TORCHTITAN_CONFIG, trainer_config.to_dict())
@@ -194,13 +206,14 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def launch(prep: Prepared, run_dir: Path, *, origin: provenance.Origin | None = None) -> dict:
-    """Write the run directory, run torchrun, write summary.json; returns the summary.
-    `origin`: the command line and Hydra overrides, for provenance.json."""
+def launch(prep: Prepared, run_dir: Path, plan=None, *, origin: provenance.Origin | None = None) -> dict:
+    """Write the run directory (plan.json and provenance.json included), run torchrun, write
+    summary.json; returns the summary. `plan`: the checked plan of this run (computed here when not
+    given); `origin`: the command line and Hydra overrides, for provenance.json."""
     trainer_config = build_torchtitan_config(prep, run_dir)
     argv = torchrun_argv(prep, run_dir)
     resumed_from = rundir.latest_checkpoint_step(run_dir) if prep.exp.checkpoint.kind == "dcp" else None
-    write_run_files(prep, run_dir, trainer_config, argv)
+    write_run_files(prep, run_dir, trainer_config, argv, plan)
     provenance.write(run_dir, prep.facts, rundir.experiment_hash(prep.exp.model_dump(mode="json")), origin)
     if resumed_from is not None:  # torchtitan resumes there; the later rows are written again
         rundir.truncate_metrics(run_dir, resumed_from)

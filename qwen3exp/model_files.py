@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwen3exp.assets import TOKENIZER_DIR
-from qwen3exp.errors import ConfigError, Problem
+from qwen3exp.errors import ConfigError, Problem, nearby_path
 from qwen3exp.flavors import (FLAVORS, HF_ARCHITECTURES, HF_KEYS, Arch, HFConfigError, arch_differences,
                               arch_from_hf_config, hf_param_shapes, read_hf_config)
 from qwen3exp.schema import Experiment, arch_problems
@@ -90,8 +90,9 @@ def check(exp: Experiment) -> ModelFiles:
     folder = assets_folder(exp)
     key = "model.hf_assets_path"
     if not folder.is_dir():
-        raise ConfigError([Problem(key, str(folder), "folder does not exist",
-                                   "a local folder with tokenizer files (and config.json, safetensors)")])
+        raise ConfigError([Problem(key, str(folder), "is a file, not a folder" if folder.exists() else "folder does not exist",
+                                   "a local folder with tokenizer files (and config.json, safetensors)",
+                                   nearby_path(folder))])
     arch, source = _resolve_arch(exp, folder, problems)
     if arch is None:
         raise ConfigError(problems)
@@ -99,7 +100,7 @@ def check(exp: Experiment) -> ModelFiles:
         base = FLAVORS[exp.model.flavor]
     else:
         base = arch
-        problems += [Problem(k, v, m, a) for k, v, m, a in arch_problems(exp, base, source)]
+        problems += arch_problems(exp, base, source)
     m = exp.model
     if m.backend == "native":
         arch = base.reduced(n_layers=m.n_layers, num_experts=m.num_experts, top_k=m.top_k)
@@ -191,7 +192,8 @@ def _tokenizer_problems(folder: Path, arch: Arch) -> list[Problem]:
     except (OSError, json.JSONDecodeError, TypeError, KeyError, ValueError) as e:
         return [Problem(key, str(folder), f"tokenizer files are unreadable ({e})")]
     if n is None:
-        return [Problem(key, str(folder), "holds no tokenizer (tokenizer.json, or vocab.json + merges.txt)")]
+        return [Problem(key, str(folder), "holds no tokenizer",
+                        "a folder with tokenizer.json, or vocab.json + merges.txt")]
     if n > arch.vocab_size:
         return [Problem(key, str(folder), f"the tokenizer produces token ids up to {n - 1} but the model's "
                         f"vocab_size is {arch.vocab_size}: ids >= {arch.vocab_size} have no embedding",
@@ -236,11 +238,11 @@ def _weights_problems(key: str, folder: Path, arch: Arch, *, exact: bool) -> lis
         return [Problem(key, str(folder), "folder does not exist", "a folder with *.safetensors")]
     files, msgs = safetensors_files(folder)
     if not files and not msgs:
-        return [Problem(key, str(folder), "holds no *.safetensors to load")]
+        return [Problem(key, str(folder), "holds no *.safetensors to load", "a folder with *.safetensors")]
     shapes, bad = read_headers(files)
     msgs += bad
     if bad:  # names from a broken file are incomplete; do not add spurious 'missing' lines
-        return [Problem(key, str(folder), m) for m in msgs]
+        return [Problem(key, str(folder), m, "readable, complete safetensors files") for m in msgs]
     need = hf_param_shapes(arch)
     missing = [n for n in need if n not in shapes]
     wrong = [f"{n} {list(shapes[n])} (the model needs {list(need[n])})"
@@ -251,5 +253,5 @@ def _weights_problems(key: str, folder: Path, arch: Arch, *, exact: bool) -> lis
         if names:
             listed = ", ".join(names[:MAX_LISTED]) + (f" and {len(names) - MAX_LISTED} more" if len(names) > MAX_LISTED else "")
             msgs.append(f"{what}: {listed}")
-    return [Problem(key, str(folder), m, hint="the checkpoint does not match the model's dimensions")
-            for m in msgs]
+    return [Problem(key, str(folder), m, "a folder whose safetensors hold every tensor the model needs, with its shape",
+                    hint="the checkpoint does not match the model's dimensions") for m in msgs]

@@ -1,11 +1,24 @@
-"""The plan: what a validated experiment resolves to on a platform (mesh, world size, batches),
-and the cross-field rules that need the platform to check."""
+"""The plan: what a validated experiment resolves to before anything starts.
+
+Mesh (what -1 resolved to), batches and tokens, parameter counts (total, active per token, per rank
+after sharding), the per-rank memory estimate against the platform's memory (`qwen3exp.memory`),
+the kernel overrides that will apply, the checkpoint verdict, and the exact torchrun command(s).
+`make_plan` also runs every check that needs the platform or the file system, and reports all
+problems together. Pure arithmetic on plain data: no torch, no torchtitan, no model is built.
+
+`python -m qwen3exp dry_run=true` prints the plan (`qwen3exp.report_plan`); every real run writes it
+to `plan.json` in its run directory.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
 
-from qwen3exp.errors import ConfigError, Problem
+from qwen3exp import memory
+from qwen3exp.errors import ConfigError, Problem, one_of
+from qwen3exp.flavors import Arch
 from qwen3exp.platforms import PlatformFacts
 from qwen3exp.schema import Experiment
 
@@ -23,6 +36,12 @@ class Mesh:
     ep: int
     dp_shard_from: str
     """How dp_shard was obtained (given, or what -1 resolved to)."""
+    nproc_from: str = "launcher.nproc_per_node"
+    """Where the ranks per node came from (launcher.nproc_per_node, or the platform's default)."""
+
+    @property
+    def degrees(self) -> memory.Degrees:
+        return memory.Degrees(self.dp_replicate, self.dp_shard, self.tp, self.pp, self.cp, self.ep)
 
 
 @dataclass(frozen=True)
@@ -34,48 +53,315 @@ class Batches:
     tokens_per_rank_per_step: int
 
 
-def resolve_mesh(exp: Experiment, facts: PlatformFacts) -> Mesh:
-    la, p = exp.launcher, exp.parallelism
+@dataclass(frozen=True)
+class Parameters:
+    total: int
+    active_per_token: int
+    """Equals total for dense models; for MoE, the parameters one token passes through (top_k experts)."""
+    per_rank: int
+    """Held by the rank with the largest shard, after tp / ep / FSDP sharding (`qwen3exp.memory`)."""
+    is_moe: bool
+
+
+@dataclass(frozen=True)
+class CheckpointVerdict:
+    compatible: bool | None
+    """True / False, or None when there is nothing to load."""
+    detail: str
+
+
+@dataclass
+class Plan:
+    name: str
+    run_dir: str
+    overrides: list[str]
+    platform: PlatformFacts
+    mesh: Mesh
+    batches: Batches
+    arch: Arch
+    parameters: Parameters
+    memory: memory.Memory
+    kernel_overrides: list[tuple[str, int]]
+    checkpoint: CheckpointVerdict
+    commands: list[list[str]]
+    provenance: list[tuple[str, Any, Any]] = field(default_factory=list)
+    """(key, value, source) for every key of the experiment (empty when not computed)."""
+    warnings: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict:
+        import shlex
+
+        return {
+            "name": self.name,
+            "run_dir": self.run_dir,
+            "overrides": self.overrides,
+            "platform": asdict(self.platform),
+            "mesh": asdict(self.mesh),
+            "batches": asdict(self.batches),
+            "architecture": asdict(self.arch),
+            "parameters": asdict(self.parameters),
+            "memory": {**self.memory.as_dict(), "usable_fraction": memory.USABLE_FRACTION},
+            "kernel_overrides": [{"name": n, "nodes": c} for n, c in self.kernel_overrides],
+            "checkpoint": asdict(self.checkpoint),
+            "commands": [shlex.join(c) for c in self.commands],
+            "provenance": {k: {"value": v, "source": str(s)} for k, v, s in self.provenance},
+            "warnings": self.warnings,
+        }
+
+
+# -------------------------------------------------------------------------------- mesh
+def mesh_problems(parallelism, launcher, facts: PlatformFacts) -> tuple[Mesh | None, list[Problem]]:
+    """Resolve the device mesh; problems name the degree that does not fit the world size."""
+    la, p = launcher, parallelism
     nproc = la.nproc_per_node or facts.ranks_per_node
+    nproc_key = "launcher.nproc_per_node" if la.nproc_per_node else f"platform {facts.name} default ranks_per_node"
     world = la.nnodes * nproc
+    origin = f"world size {world} = launcher.nnodes {la.nnodes} x {nproc} ranks per node ({nproc_key})"
+    problems: list[Problem] = []
+    divisors = [d for d in range(1, world + 1) if world % d == 0]
+    for key in ("dp_replicate", "tp", "pp", "cp"):
+        v = getattr(p, key)
+        if world % v:
+            problems.append(Problem(f"parallelism.{key}", v, f"does not divide the {origin}",
+                                    f"{one_of(divisors)} (the divisors of {world})",
+                                    f"or run {v} ranks per node: launcher.nproc_per_node={v}"))
     others = p.dp_replicate * p.tp * p.pp * p.cp
-    origin = "launcher.nproc_per_node" if la.nproc_per_node else f"platform {facts.name} default"
+    if not problems and world % others:
+        problems.append(Problem("parallelism", {"dp_replicate": p.dp_replicate, "tp": p.tp, "pp": p.pp, "cp": p.cp},
+                                f"dp_replicate x tp x pp x cp = {others} does not divide the {origin}",
+                                f"degrees whose product divides {world}"))
+    if problems:
+        return None, problems
     if p.dp_shard == -1:
-        if world % others:
-            raise ConfigError([Problem(
-                "parallelism", {"dp_replicate": p.dp_replicate, "tp": p.tp, "pp": p.pp, "cp": p.cp},
-                f"the product of the degrees ({others}) does not divide the world size {world} "
-                f"(nnodes {la.nnodes} x nproc_per_node {nproc}, {origin})",
-                f"degrees whose product divides {world}")])
         dp_shard, how = world // others, f"-1 -> {world // others} (world {world} / other degrees {others})"
     else:
         dp_shard, how = p.dp_shard, "given"
         if others * dp_shard != world:
-            raise ConfigError([Problem(
+            ok = world // others
+            return None, [Problem(
                 "parallelism.dp_shard", p.dp_shard,
-                f"dp_replicate x dp_shard x tp x pp x cp = {others * dp_shard} but the world size is {world} "
-                f"(nnodes {la.nnodes} x nproc_per_node {nproc}, {origin})",
-                f"-1, or {world // others if world % others == 0 else 'a value making the product equal the world size'}")])
+                f"dp_replicate x dp_shard x tp x pp x cp = {others * dp_shard}, but the {origin}",
+                f"-1 or {ok}", f"nearest valid value: parallelism.dp_shard={ok}")]
     if p.ep > 1 and (dp_shard * p.cp * p.tp) % p.ep:
-        raise ConfigError([Problem("parallelism.ep", p.ep, "must divide dp_shard x cp x tp",
-                                   f"a divisor of {dp_shard * p.cp * p.tp}")])
-    return Mesh(la.nnodes, nproc, world, p.dp_replicate, dp_shard, p.tp, p.pp, p.cp, p.ep, how)
+        n = dp_shard * p.cp * p.tp
+        problems.append(Problem("parallelism.ep", p.ep, f"must divide dp_shard x cp x tp = {n}",
+                                f"{one_of(d for d in range(1, n + 1) if n % d == 0)} (the divisors of {n})"))
+    if facts.devices_per_node is not None and nproc > facts.devices_per_node:
+        msg = (f"{nproc} ranks per node, but the {facts.name} platform sees {facts.devices_per_node} "
+               f"device(s) on this node")
+        if facts.devices_exclusive:
+            key = "launcher.nproc_per_node" if la.nproc_per_node else "platform.ranks_per_node"
+            problems.append(Problem(key, nproc, msg, f"1..{facts.devices_per_node}",
+                                    f"nearest valid value: launcher.nproc_per_node={facts.devices_per_node}"))
+    if problems:
+        return None, problems
+    return Mesh(la.nnodes, nproc, world, p.dp_replicate, dp_shard, p.tp, p.pp, p.cp, p.ep, how, nproc_key), []
 
 
-def resolve_batches(exp: Experiment, mesh: Mesh) -> Batches:
-    t = exp.training
+def resolve_mesh(exp: Experiment, facts: PlatformFacts) -> Mesh:
+    mesh, problems = mesh_problems(exp.parallelism, exp.launcher, facts)
+    if problems:
+        raise ConfigError(problems)
+    return mesh
+
+
+def batch_problems(training, mesh: Mesh) -> tuple[Batches | None, list[Problem]]:
+    t = training
     dp = mesh.dp_replicate * mesh.dp_shard
     per_step = t.local_batch_size * dp
     gbs = per_step if t.global_batch_size == -1 else t.global_batch_size
     if gbs % per_step:
-        raise ConfigError([Problem(
+        lower = max(per_step, gbs // per_step * per_step)
+        return None, [Problem(
             "training.global_batch_size", t.global_batch_size,
-            f"must be a multiple of local_batch_size x data-parallel degree = {t.local_batch_size} x {dp}",
-            f"-1 or a multiple of {per_step}")])
+            f"must be a multiple of local_batch_size x data-parallel degree = {t.local_batch_size} x {dp} "
+            f"= {per_step}",
+            f"-1 or a multiple of {per_step}",
+            f"nearest valid values: training.global_batch_size={lower} or {lower + per_step}")]
     accum = gbs // per_step
     return Batches(t.local_batch_size, gbs, accum, gbs * t.seq_len,
-                   t.local_batch_size * accum * t.seq_len // mesh.cp)
+                   t.local_batch_size * accum * t.seq_len // mesh.cp), []
+
+
+def resolve_batches(exp: Experiment, mesh: Mesh) -> Batches:
+    batches, problems = batch_problems(exp.training, mesh)
+    if problems:
+        raise ConfigError(problems)
+    return batches
 
 
 def mesh_dict(mesh: Mesh) -> dict:
     return asdict(mesh)
+
+
+# ------------------------------------------------------------ hooks: kernels, checkpoints
+# The kernels group (qwen3exp/kernels/) and the checkpoint group fill these three functions. They
+# must stay cheap (no torchtitan import): the dry run calls them for every sweep point.
+def kernel_claims(exp: Experiment, facts, mesh, batches, files) -> list[dict]:
+    """Every torchtitan override this experiment will apply, with the model nodes it replaces
+    (`qwen3exp.kernels.overrides.check`: matches computed on the config tree, no model built; the
+    default kernels override nothing and import nothing). Raises ConfigError for kernels that do not
+    fit (no match, two overrides on one node, nki_moe on a dense model, a seq_len the kernel cannot
+    tile on Neuron, ...)."""
+    from qwen3exp.kernels import overrides
+    from qwen3exp.launch import Prepared, build_torchtitan_config
+
+    prep = Prepared(exp, facts, mesh, batches, files)
+    return overrides.check(exp, facts, lambda: build_torchtitan_config(prep, Path("/nonexistent/pre-launch")))
+
+
+def checkpoint_verdict(exp: Experiment, files, run_dir: Path) -> CheckpointVerdict:
+    """What is loaded and saved, and whether what is loaded fits the model (compatible=False is an
+    error). `files`: the checked `model_files.ModelFiles` (weights headers and shapes already match)."""
+    from qwen3exp import rundir
+
+    c = exp.checkpoint
+    match c.kind:
+        case "none":
+            return CheckpointVerdict(None, "checkpoint=none: nothing is loaded (random initialisation), nothing is saved")
+        case "dcp":
+            step = rundir.latest_checkpoint_step(run_dir)
+            saves = (f"saves checkpoint/step-N every {c.interval} steps and at the last step, keeps "
+                     f"{c.keep_latest_k or 'all'}")
+            if step is None:
+                return CheckpointVerdict(None, f"checkpoint=dcp: starts fresh; {saves}")
+            return CheckpointVerdict(True, f"checkpoint=dcp: resumes from {run_dir}/checkpoint/step-{step} "
+                                           f"(identical experiment); {saves}")
+        case "hf_load" | "hf_roundtrip":
+            export = f"; exports the last step ({c.dtype}) and reloads it" if c.kind == "hf_roundtrip" else ""
+            return CheckpointVerdict(True, f"checkpoint={c.kind}: loads {files.weights} at step 0: every tensor "
+                                           f"the model needs is present with its shape{export}")
+        case "hf_export":
+            return CheckpointVerdict(None, f"checkpoint=hf_export: nothing is loaded; exports the last step "
+                                           f"({c.dtype}) as a Hugging Face folder and reloads it")
+    return CheckpointVerdict(None, f"checkpoint={c.kind}: not checked")
+
+
+# ------------------------------------------------------------------------------ checks
+def section_problems(sections: dict[str, Any], replaced: set[str] = frozenset()) -> list[Problem]:
+    """The plan's checks on whatever sections are valid on their own (used when the experiment as a
+    whole is invalid, so that a mistake in one section does not hide one in another). `replaced`:
+    keys whose bad value was replaced by its default to validate the rest; no problem about them."""
+    sections = dict(sections)
+    if any(k.startswith(("parallelism.", "launcher.", "platform.")) for k in replaced):
+        sections.pop("parallelism", None)  # a stand-in default would make the mesh check misleading
+    if any(k in ("training.local_batch_size", "training.global_batch_size") for k in replaced):
+        sections.pop("training", None)
+    return [p for p in _section_problems(sections) if p.key not in replaced]
+
+
+def _section_problems(sections: dict[str, Any]) -> list[Problem]:
+    from types import SimpleNamespace
+
+    from qwen3exp import data_files, model_files
+    from qwen3exp.platforms import resolve
+
+    problems: list[Problem] = []
+    if all(k in sections for k in ("model", "checkpoint", "training", "parallelism")):
+        try:  # model_files only reads these four sections
+            model_files.check(SimpleNamespace(**{k: sections[k] for k in ("model", "checkpoint", "training",
+                                                                          "parallelism")}))
+        except ConfigError as e:
+            problems += e.problems
+    if "data" in sections:
+        problems += data_files.data_problems(sections["data"])
+    if all(k in sections for k in ("parallelism", "launcher", "platform")):
+        try:
+            facts = resolve(sections["platform"], nproc_per_node=sections["launcher"].nproc_per_node)
+        except ConfigError as e:
+            return problems + e.problems
+        mesh, ps = mesh_problems(sections["parallelism"], sections["launcher"], facts)
+        problems += ps
+        if mesh is not None and "training" in sections:
+            problems += batch_problems(sections["training"], mesh)[1]
+    return problems
+
+
+def make_plan(exp: Experiment, run_dir: str | Path, *, overrides: list[str] | tuple[str, ...] = (),
+              provenance=None, job_num: int | None = None) -> Plan:
+    """Resolve and check everything; raise ConfigError naming every problem. A plan that does not fit
+    in memory is a problem, unless `exp.dry_run` (then it is a loud warning in `Plan.warnings`)."""
+    from qwen3exp import data_files, model_files
+    from qwen3exp.launch import Prepared, torchrun_commands
+    from qwen3exp.platforms import resolve
+
+    problems: list[Problem] = []
+    try:
+        files = model_files.check(exp)  # the architecture, tokenizer vocab, weights' headers
+    except ConfigError as e:
+        problems += e.problems
+        files = None
+    arch = files.arch if files is not None else None
+    problems += data_files.data_problems(exp.data)
+    facts = resolve(exp.platform, nproc_per_node=exp.launcher.nproc_per_node)
+    mesh, ps = mesh_problems(exp.parallelism, exp.launcher, facts)
+    problems += ps
+    batches = None
+    if mesh is not None:
+        batches, ps = batch_problems(exp.training, mesh)
+        problems += ps
+    claims: list[dict] = []
+    if not problems and arch is not None and mesh is not None and batches is not None:
+        try:
+            claims = kernel_claims(exp, facts, mesh, batches, files)
+        except ConfigError as e:
+            problems += e.problems
+    if problems or arch is None or mesh is None or batches is None:
+        raise ConfigError(problems)
+
+    warnings: list[str] = []
+    if facts.devices_per_node is not None and mesh.nproc_per_node > facts.devices_per_node:
+        warnings.append(f"{mesh.nproc_per_node} ranks share {facts.devices_per_node} {facts.name} device(s) "
+                        f"on this node: expect it to be slow")
+    total, active = arch.param_counts()
+    params = Parameters(total, active, memory.params_per_rank(arch, mesh.degrees), arch.is_moe)
+    t = exp.training
+    mem = memory.estimate(arch, mesh.degrees, local_batch_size=t.local_batch_size, seq_len=t.seq_len,
+                          param_dtype=t.dtype, compute_dtype=t.mixed_precision_param,
+                          activation_checkpoint=t.activation_checkpoint, budget=facts.memory_per_rank_bytes)
+    if not mem.fits:
+        problem = _memory_problem(exp, mem)
+        if exp.dry_run:
+            warnings.append("DOES NOT FIT: " + problem.message + "; " + (problem.hint or ""))
+        else:
+            problems.append(problem)
+    verdict = checkpoint_verdict(exp, files, Path(run_dir))
+    if verdict.compatible is False:
+        problems.append(Problem("checkpoint", exp.checkpoint.kind, verdict.detail, "a checkpoint of this architecture"))
+    if problems:
+        raise ConfigError(problems)
+    prep = Prepared(exp, facts, mesh, batches, files)
+    return Plan(
+        name=exp.name, run_dir=str(run_dir), overrides=list(overrides), platform=facts, mesh=mesh,
+        batches=batches, arch=arch, parameters=params, memory=mem,
+        kernel_overrides=[(f"{c['key']} -> {c['target']}", len(c["nodes"])) for c in claims], checkpoint=verdict,
+        commands=torchrun_commands(prep, Path(run_dir)),
+        provenance=provenance.table(exp.model_dump(mode="json")) if provenance is not None else [],
+        warnings=warnings)
+
+
+def _memory_problem(exp: Experiment, mem: memory.Memory) -> Problem:
+    g = memory.gib
+    need = mem.total / memory.USABLE_FRACTION
+    hints = []
+    if exp.training.activation_checkpoint != "full":
+        hints.append("training.activation_checkpoint=full")
+    if exp.training.local_batch_size > 1:
+        hints.append(f"training.local_batch_size={max(1, exp.training.local_batch_size // 2)} "
+                     "(with training.global_batch_size to keep the batch)")
+    if exp.training.dtype == "float32":
+        hints.append("training.dtype=bfloat16")
+    hints.append("more ranks (launcher.nnodes / launcher.nproc_per_node) so FSDP shards further")
+    state = mem.parameters + mem.gradients + mem.optimizer
+    if state > mem.usable:  # the model itself does not fit this mesh: smaller model or more ranks
+        key, value = "model.flavor", exp.model.flavor
+    else:  # activations tip it over
+        key, value = "training.local_batch_size", exp.training.local_batch_size
+    return Problem(
+        key, value,
+        f"the plan needs about {g(mem.total)} per rank (parameters {g(mem.parameters)}, gradients "
+        f"{g(mem.gradients)}, optimizer {g(mem.optimizer)}, FSDP buffers {g(mem.fsdp_buffers)}, activations "
+        f"{g(mem.activations)}) but {int(memory.USABLE_FRACTION * 100)}% of the {g(mem.budget)} per rank is "
+        f"{g(mem.usable)}",
+        f"a plan needing at most {g(mem.usable)} per rank (a budget of at least {g(need)} per rank)",
+        "try: " + ", ".join(hints))

@@ -1,28 +1,125 @@
-"""Print what a dry run would do (grows into the full plan of issue 6)."""
+"""Print the plan of a dry run (`python -m qwen3exp dry_run=true ...`): one block per point.
+
+The format is documented in README.md ("Plan before you spend"). With a sweep, the first point
+lists every key with its source; later points list only the keys that differ from the first.
+"""
 
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
+import sys
+
+from qwen3exp import memory
 
 
-def print_plans(points) -> int:
-    from qwen3exp.launch import prepare, torchrun_argv
-
-    for overrides, exp, run_dir in points:
-        prep = prepare(exp)
-        m = prep.mesh
-        print(f"qwen3exp dry run: {exp.name}  [{' '.join(overrides)}]")
-        print(f"  platform: {prep.facts.name} ({prep.facts.reason})")
-        print(f"  mesh: {m.nnodes} node(s) x {m.nproc_per_node} = {m.world_size} ranks; "
-              f"dp_replicate {m.dp_replicate}, dp_shard {m.dp_shard} ({m.dp_shard_from}), tp {m.tp}, pp {m.pp}, "
-              f"cp {m.cp}, ep {m.ep}")
-        b = prep.batches
-        print(f"  batch: local {b.local_batch_size}, global {b.global_batch_size}, grad accumulation "
-              f"{b.grad_accum_steps}, tokens/step {b.tokens_per_step}")
-        for o in prep.overrides:
-            print(f"  override {o['key']}: {o['target']} replaces {len(o['nodes'])} {o['replaces']} node(s) "
-                  f"({', '.join(o['fqns'])})")
-        print(f"  run directory: {run_dir}")
-        print(f"  command: {shlex.join(torchrun_argv(prep, Path(run_dir)))}")
+def print_plans(points, out=None) -> int:
+    out = out or sys.stdout
+    first_table = None
+    for i, point in enumerate(points):
+        plan = point.plan
+        if len(points) > 1:
+            print(f"=== sweep point {i + 1}/{len(points)}", file=out)
+        table = plan.provenance
+        print(render(plan, provenance_diff=first_table), file=out)
+        if first_table is None:
+            first_table = table
     return 0
+
+
+def _human(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n:,} ({n / size:.2f}{unit})"
+    return f"{n:,}"
+
+
+def render(plan, provenance_diff=None) -> str:
+    lines: list[str] = []
+    add = lines.append
+    banner = [f"!!! WARNING: {w}" for w in plan.warnings]
+    add(f"qwen3exp dry run: {plan.name}   (nothing was started; no model memory was allocated)")
+    lines += banner
+    add(f"  overrides:     {' '.join(plan.overrides) or '(none)'}")
+    add(f"  run directory: {plan.run_dir}")
+
+    # --- experiment and provenance
+    rows = plan.provenance
+    if provenance_diff is not None:
+        base = {k: (v, str(s)) for k, v, s in provenance_diff}
+        rows = [(k, v, s) for k, v, s in rows if base.get(k) != (v, str(s))]
+        add("experiment (keys that differ from the first point; value, where it came from):")
+    else:
+        add("experiment (value, where it came from):")
+    if rows:
+        width = max(len(k) for k, _, _ in rows)
+        vwidth = min(30, max(len(_value(v)) for _, v, _ in rows))
+        for k, v, s in rows:
+            add(f"  {k:<{width}}  {_value(v):<{vwidth}}  {s}")
+    else:
+        add("  (no difference)")
+
+    # --- platform and mesh
+    f, m = plan.platform, plan.mesh
+    add(f"platform:   {f.name} ({f.reason}); backend {f.dist_backend}, attention {f.attention}, "
+        f"memory per rank {_human(f.memory_per_rank_bytes)}"
+        + (f", {f.devices_per_node} device(s) per node" if f.devices_per_node is not None else ""))
+    add(f"mesh:       {m.nnodes} node(s) x {m.nproc_per_node} ranks per node ({m.nproc_from}) = world size {m.world_size}")
+    add(f"            dp_replicate {m.dp_replicate} x dp_shard {m.dp_shard} x tp {m.tp} x pp {m.pp} x cp {m.cp}"
+        f" (ep {m.ep});  dp_shard: {m.dp_shard_from}")
+
+    # --- model and parameters
+    a, p = plan.arch, plan.parameters
+    moe = f", MoE {a.moe.num_experts} experts top-{a.moe.top_k} (expert hidden {a.moe.hidden_dim})" if a.moe else \
+        f", FFN hidden {a.hidden_dim}"
+    add(f"model:      {a.n_layers} layers, dim {a.dim}, heads {a.n_heads}/{a.n_kv_heads} kv x {a.head_dim}{moe}, "
+        f"vocab {a.vocab_size}{', tied embeddings' if a.tied else ''}, max seq {a.max_seq_len}, rope theta {a.rope_theta:g}")
+    add(f"parameters: total {_count(p.total)}")
+    if p.is_moe:
+        add(f"            active per token {_count(p.active_per_token)}")
+    add(f"            per rank {_count(p.per_rank)} (after tp {m.tp}, ep {m.ep}, FSDP over dp_shard x cp = "
+        f"{m.dp_shard * m.cp}, pp {m.pp})")
+
+    # --- memory
+    mem = plan.memory
+    verdict = "fits" if mem.fits else "DOES NOT FIT"
+    add(f"memory per rank (estimate; the formula is in qwen3exp/memory.py):")
+    add(f"  parameters     {_human(mem.parameters):>12}   {mem.param_dtype}")
+    add(f"  gradients      {_human(mem.gradients):>12}   {mem.param_dtype}")
+    add(f"  optimizer      {_human(mem.optimizer):>12}   AdamW, 2 states, {mem.param_dtype}")
+    add(f"  FSDP buffers   {_human(mem.fsdp_buffers):>12}   largest unit all-gathered twice in {mem.compute_dtype} + float32 grads")
+    add(f"  activations    {_human(mem.activations):>12}   {mem.tokens_per_microbatch} tokens per micro-batch, "
+        f"{mem.compute_dtype}, activation_checkpoint={mem.activation_checkpoint}")
+    add(f"  total          {_human(mem.total):>12}   of {_human(mem.usable)} usable "
+        f"({int(memory.USABLE_FRACTION * 100)}% of {_human(mem.budget)}); headroom {_human(mem.headroom)}: {verdict}")
+
+    # --- batches
+    b = plan.batches
+    dp = m.dp_replicate * m.dp_shard
+    add(f"batches:    local {b.local_batch_size} x dp {dp} x grad accumulation {b.grad_accum_steps} = global "
+        f"{b.global_batch_size} sequences")
+    add(f"tokens:     {b.tokens_per_step:,} per step, {b.tokens_per_rank_per_step:,} per rank per step")
+
+    # --- overrides, checkpoint, commands
+    if plan.kernel_overrides:
+        add("overrides:  " + ", ".join(f"{n} on {c} node(s)" for n, c in plan.kernel_overrides))
+    else:
+        add("overrides:  none")
+    c = plan.checkpoint
+    word = {True: "compatible: ", False: "INCOMPATIBLE: ", None: ""}[c.compatible]
+    add(f"checkpoint: {word}{c.detail}")
+    for i, cmd in enumerate(plan.commands):
+        label = "command:   " if len(plan.commands) == 1 else f"node {i}:    "
+        add(f"{label} {shlex.join(cmd)}")
+    lines += banner
+    return "\n".join(lines)
+
+
+def _value(v) -> str:
+    return "null" if v is None else str(v)

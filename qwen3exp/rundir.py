@@ -1,6 +1,7 @@
 """The run directory contract: file names, atomic writes, and reading a run back.
 
-A run directory holds the resolved experiment (`experiment.yaml`), the resolved platform
+A run directory holds the resolved experiment (`experiment.yaml`), the plan (`plan.json`: mesh,
+parameters, memory estimate, overrides, commands, where each value came from), the resolved platform
 (`platform.json`), the torchtitan config (`torchtitan_config.json`), the exact command
 (`command.txt`), where it came from (`provenance.json`, and `git.diff` when the source tree had
 local changes), Hydra's `.hydra/`, `metrics.jsonl`, `summary.json`, per-rank logs under `logs/`,

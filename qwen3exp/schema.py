@@ -8,16 +8,20 @@ tag (`model.backend`, `platform.name`, ...); pydantic puts the tag into error lo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticUndefined
 
 from qwen3exp.errors import ConfigError, MISSING, Problem, did_you_mean, one_of
 from qwen3exp.flavors import FLAVORS, Arch
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # use_attribute_docstrings: the docstring under a field is its description, which error
+    # messages quote as what is allowed (see `describe`).
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, use_attribute_docstrings=True)
 
 
 PosInt = Annotated[int, Field(gt=0)]
@@ -331,48 +335,81 @@ class Experiment(_Strict):
 
     @model_validator(mode="after")
     def _cross(self) -> Experiment:
-        if self.model.backend == "native" and self.model.flavor != "auto":
-            problems = arch_problems(self, FLAVORS[self.model.flavor], f"flavor {self.model.flavor}")
-            if problems:
-                raise ValueError("\n".join(_tagged(*p) for p in problems))
+        problems = cross_field_problems(self.model, self.training, self.parallelism)
+        if problems:
+            raise ValueError("\n".join(_tagged(p.key, p.value, p.message, p.allowed, p.hint) for p in problems))
         return self
 
 
-def arch_problems(exp: Experiment, base: Arch, origin: str) -> list[tuple[str, Any, str, str]]:
-    """(key, value, message, allowed) for every setting the architecture rules out.
+def cross_field_problems(model: Any, training: Training | None, parallelism: Parallelism | None) -> list[Problem]:
+    """Rules between sections that need no files and no platform, for a native flavor (flavor=auto
+    and model=hf read config.json: `model_files.check` applies the same rules before launch). A None
+    section (one that did not validate) skips the rules that need it, so an unknown flavor does not
+    hide a bad tp and a bad learning rate does not hide a too long sequence."""
+    if model is None or model.backend != "native" or model.flavor == "auto":
+        return []
+    return section_arch_problems(model, training, parallelism, FLAVORS[model.flavor], f"flavor {model.flavor}")
 
-    `base` is the architecture before the experiment's reductions (a flavor's, or config.json's
-    for flavor=auto and model=hf, checked before launch); `origin` names it in messages."""
-    m = exp.model
-    n_layers, num_experts, top_k = ((m.n_layers, m.num_experts, m.top_k) if m.backend == "native"
+
+def arch_problems(exp: Experiment, base: Arch, origin: str) -> list[Problem]:
+    """Every setting the architecture rules out. `base` is the architecture before the experiment's
+    reductions (a flavor's, or config.json's for flavor=auto and model=hf, checked before launch);
+    `origin` names it in messages."""
+    problems = section_arch_problems(exp.model, exp.training, exp.parallelism, base, origin)
+    if exp.kernels.moe.impl == "nki" and base.moe is None:
+        problems.append(Problem("kernels.moe.impl", "nki", f"{origin} is dense: it has no experts for kernels=nki_moe",
+                                "torchtitan for dense models (nki needs an MoE model: tiny_moe, 30B-A3B, ...)"))
+    return problems
+
+
+def section_arch_problems(model: Any, training: Training | None, parallelism: Parallelism | None,
+                          base: Arch, origin: str) -> list[Problem]:
+    n_layers, num_experts, top_k = ((model.n_layers, model.num_experts, model.top_k) if model.backend == "native"
                                     else (None, None, None))
     arch = base.reduced(n_layers=n_layers, num_experts=num_experts, top_k=top_k)
-    p = exp.parallelism
-    problems = []
-    for key, heads in (("n_heads", arch.n_heads), ("n_kv_heads", arch.n_kv_heads)):
-        if heads % p.tp:
-            problems.append(("parallelism.tp", p.tp, f"does not divide the model's {key} ({heads})",
-                             one_of(d for d in range(1, heads + 1) if heads % d == 0)))
-    if exp.training.seq_len > arch.max_seq_len:
-        problems.append(("training.seq_len", exp.training.seq_len,
-                         f"exceeds the model's maximum sequence length ({arch.max_seq_len})",
-                         f"1..{arch.max_seq_len}"))
+    problems: list[Problem] = []
+    if parallelism is not None:
+        tp = parallelism.tp
+        for key, heads in (("n_heads", arch.n_heads), ("n_kv_heads", arch.n_kv_heads)):
+            if heads % tp:
+                problems.append(Problem("parallelism.tp", tp, f"does not divide the model's {key} ({heads}, {origin})",
+                                        f"{one_of(_divisors(heads))} (the divisors of {heads})",
+                                        _nearest_hint("parallelism.tp", tp, _divisors(heads))))
+        if arch.moe is not None and parallelism.ep > 1 and arch.moe.num_experts % parallelism.ep:
+            problems.append(Problem("parallelism.ep", parallelism.ep,
+                                    f"does not divide the number of experts ({arch.moe.num_experts}, {origin})",
+                                    f"{one_of(_divisors(arch.moe.num_experts))} (the divisors of {arch.moe.num_experts})"))
+        if arch.moe is None and parallelism.ep > 1:
+            problems.append(Problem("parallelism.ep", parallelism.ep,
+                                    f"expert parallelism needs an MoE model; {origin} is dense", "1"))
+    if training is not None and training.seq_len > arch.max_seq_len:
+        problems.append(Problem("training.seq_len", training.seq_len,
+                                f"exceeds the model's maximum sequence length ({arch.max_seq_len}, {origin})",
+                                f"1..{arch.max_seq_len}"))
     if n_layers is not None and n_layers > base.n_layers:
-        problems.append(("model.n_layers", n_layers, f"{origin} has only {base.n_layers} layers",
-                         f"1..{base.n_layers}"))
+        problems.append(Problem("model.n_layers", n_layers, f"{origin} has only {base.n_layers} layers",
+                                f"1..{base.n_layers}"))
     for key, v in (("num_experts", num_experts), ("top_k", top_k)):
         if v is not None and base.moe is None:
-            problems.append((f"model.{key}", v, f"{origin} is dense (no experts)", "null for dense models"))
+            problems.append(Problem(f"model.{key}", v, f"{origin} is dense (no experts)", "null for dense models"))
     if base.moe is not None and num_experts is not None and num_experts > base.moe.num_experts:
-        problems.append(("model.num_experts", num_experts, f"{origin} has only {base.moe.num_experts} experts",
-                         f"1..{base.moe.num_experts}"))
+        problems.append(Problem("model.num_experts", num_experts, f"{origin} has only {base.moe.num_experts} experts",
+                                f"1..{base.moe.num_experts}"))
     if base.moe is not None and arch.moe is not None and arch.moe.top_k > arch.moe.num_experts:
-        problems.append(("model.top_k", arch.moe.top_k, f"exceeds the number of experts ({arch.moe.num_experts})",
-                         f"1..{arch.moe.num_experts}"))
-    if exp.kernels.moe.impl == "nki" and base.moe is None:
-        problems.append(("kernels.moe.impl", "nki", f"{origin} is dense: it has no experts for kernels=nki_moe",
-                         "torchtitan for dense models (nki needs an MoE model: tiny_moe, 30B-A3B, ...)"))
+        problems.append(Problem("model.top_k", arch.moe.top_k, f"exceeds the number of experts ({arch.moe.num_experts})",
+                                f"1..{arch.moe.num_experts}"))
     return problems
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _nearest_hint(key: str, value: int, options: list[int]) -> str | None:
+    if not options:
+        return None
+    best = min(options, key=lambda o: (abs(o - value), o))
+    return f"nearest valid value: {key}={best}"
 
 
 # ------------------------------------------------------------------------- error presentation
@@ -453,6 +490,27 @@ def _variant(fld: Any, data: Any) -> Any:
     return _first_model(fld.annotation)
 
 
+def describe(key: str) -> str | None:
+    """The description (field docstring) of a dotted key, looking into every variant of a union
+    (data.path is a field of data=local only)."""
+    def models(ann: Any) -> list[type[BaseModel]]:
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            return [ann]
+        return [m for arg in getattr(ann, "__args__", ()) or () for m in models(arg)]
+
+    current: list[type[BaseModel]] = [Experiment]
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        fields = [m.model_fields[part] for m in current if part in m.model_fields]
+        if not fields:
+            return None
+        if i == len(parts) - 1:
+            desc = next((f.description for f in fields if f.description), None)
+            return " ".join(desc.split()) if desc else None
+        current = [m for f in fields for m in models(f.annotation)]
+    return None
+
+
 def _first_model(ann: Any) -> Any:
     if isinstance(ann, type) and issubclass(ann, BaseModel):
         return ann
@@ -468,15 +526,19 @@ def _first_model(ann: Any) -> Any:
     return None
 
 
-def problems_from_validation(e: ValidationError, data: dict) -> list[Problem]:
+def problems_from_validation(e: ValidationError, data: dict, prefix: str | None = None) -> list[Problem]:
+    """Problems named by YAML key. `prefix`: the section the validated data sits under (errors of a
+    section validated on its own)."""
     out: list[Problem] = []
     for err in e.errors(include_url=False):
+        if prefix:
+            err = {**err, "loc": (prefix, *err["loc"])}
         msg = str(err.get("msg", ""))
         if _TAG in msg:
-            prefix = _key(err["loc"], data)
+            where = _key(err["loc"], data)
             for line in msg.split(_TAG)[1:]:
                 key, value, message, allowed, hint = line.rstrip("\n").split(_SEP)
-                full = key if "." in key or not prefix else f"{prefix}.{key}"
+                full = key if "." in key or not where else f"{where}.{key}"
                 out.append(Problem(full, _value_at(data, full) if _value_at(data, full) is not MISSING else value,
                                    message, allowed or None, hint or None))
             continue
@@ -487,15 +549,86 @@ def problems_from_validation(e: ValidationError, data: dict) -> list[Problem]:
             out.append(Problem(key, value, "unknown key", one_of(s.split(".")[-1] for s in siblings) or None,
                                did_you_mean(key, siblings)))
         elif err["type"] == "missing":
-            out.append(Problem(key, MISSING, "required key is missing"))
+            out.append(Problem(key, MISSING, "required key is missing", describe(key)))
         else:
-            out.append(Problem(key, value, msg, _allowed_for(err)))
+            out.append(Problem(key, value, msg, _allowed_for(err), _value_hint(err, value)))
     return out
 
 
-def validate_experiment(data: dict, *, context: str | None = None) -> Experiment:
-    """Validate a plain dict (the resolved Hydra config) into an Experiment, or raise ConfigError."""
+def _value_hint(err: dict, value: Any) -> str | None:
+    """'did you mean cosine?' for a misspelt choice."""
+    import re
+
+    if err["type"] == "literal_error" and isinstance(value, str):
+        return did_you_mean(value, re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected", ""))))
+    if err["type"] == "union_tag_invalid" and isinstance(value, str):
+        return did_you_mean(value, re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected_tags", ""))))
+    return None
+
+
+SECTIONS: dict[str, Any] = {
+    "model": Model, "training": Training, "parallelism": Parallelism, "kernels": Kernels,
+    "checkpoint": Checkpoint, "platform": Platform, "data": Data, "launcher": Launcher, "metrics": Metrics,
+}
+
+
+@dataclass
+class Checked:
+    exp: Experiment | None
+    """The experiment, or None when it is invalid."""
+    sections: dict[str, Any]
+    """The sections that validate on their own (with `replaced` keys set to their defaults)."""
+    replaced: set[str]
+    """Keys whose bad value was replaced by the default so that the rest of the section validates."""
+    problems: list[Problem]
+
+
+def check_experiment(data: dict) -> Checked:
+    """Validate, collecting every independent problem.
+
+    When the experiment as a whole is invalid, each section is validated by itself (without its bad
+    fields) and the cross-field rules run on what passed, so one mistake does not hide another."""
+    from pydantic import TypeAdapter
+
     try:
-        return Experiment.model_validate(data)
+        exp = Experiment.model_validate(data)
+        return Checked(exp, {name: getattr(exp, name) for name in SECTIONS}, set(), [])
     except ValidationError as e:
-        raise ConfigError(problems_from_validation(e, data), context=context) from None
+        problems = problems_from_validation(e, data)
+    sections: dict[str, Any] = {}
+    replaced: set[str] = set()
+    for name, typ in SECTIONS.items():
+        if name not in data:
+            default = Experiment.model_fields[name].get_default(call_default_factory=True)
+            if default is not PydanticUndefined:  # a required section (model) that is absent: skip
+                sections[name] = default
+            continue
+        try:
+            sections[name] = TypeAdapter(typ).validate_python(data[name])
+            continue
+        except (ValidationError, TypeError) as e:
+            if name == "model" or not isinstance(data[name], dict) or not isinstance(e, ValidationError):
+                continue  # without a trustworthy flavor no model rule is meaningful
+            bad = {p.key.split(".")[1] for p in problems_from_validation(e, {name: data[name]}, prefix=name)
+                   if "." in p.key}
+        # Validate the section without its bad fields (their defaults stand in), so the rules about
+        # its other fields still run; rules about the replaced fields are dropped below.
+        replaced |= {f"{name}.{k}" for k in bad}
+        try:
+            sections[name] = TypeAdapter(typ).validate_python({k: v for k, v in data[name].items() if k not in bad})
+        except (ValidationError, TypeError):
+            continue
+    seen = {(p.key, p.message) for p in problems}
+    for p in cross_field_problems(sections.get("model"), sections.get("training"), sections.get("parallelism")):
+        if (p.key, p.message) not in seen and p.key not in replaced:
+            problems.append(p)
+    return Checked(None, sections, replaced, problems)
+
+
+def validate_experiment(data: dict, *, context: str | None = None) -> Experiment:
+    """Validate a plain dict (the resolved Hydra config) into an Experiment, or raise ConfigError
+    naming every problem found."""
+    checked = check_experiment(data)
+    if checked.problems:
+        raise ConfigError(checked.problems, context=context)
+    return checked.exp

@@ -90,7 +90,7 @@ def plan(points, sweep_dir: Path) -> list[Job]:
     """Decide for every point of a sweep what happens to it; raises ConfigError (before any job
     starts) when two points share a folder or a folder holds a different experiment."""
     jobs, problems, seen, conflicts = [], [], {}, []
-    for i, (overrides, exp, run_dir) in enumerate(points):
+    for i, (overrides, exp, run_dir) in enumerate((p.overrides, p.exp, p.run_dir) for p in points):
         run_dir = Path(run_dir)
         data = exp.model_dump(mode="json")
         label = " ".join(o.replace("experiment@_global_=", "experiment=") for o in overrides

@@ -33,6 +33,12 @@ class PlatformFacts:
     """Environment variables set for every rank."""
     force_sum_reductions: bool = False
     """FSDP comms must use plain SUM (gloo has no PREMUL_SUM)."""
+    devices_per_node: int | None = None
+    """Devices the ranks of this node bind to (GPUs, NeuronCores; CPU cores); None: unknown here
+    (e.g. a job submitted to other machines). The plan checks ranks per node against it."""
+    devices_exclusive: bool = True
+    """True: at most one rank per device (an error beyond); False: ranks may share (CPU cores; a
+    warning that it will be slow)."""
 
 
 def resolve(platform, *, nproc_per_node: int | None = None) -> PlatformFacts:

@@ -41,7 +41,7 @@ def cpu_name() -> str:
 
 def facts(cfg, *, nproc_per_node: int | None, reason: str) -> PlatformFacts:
     ranks = nproc_per_node or cfg.ranks_per_node
-    cores = os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = cfg.threads_per_rank or max(1, cores // ranks)
     mem = (int(cfg.memory_per_rank_gib * 2**30) if cfg.memory_per_rank_gib
            else _physical_memory() // ranks)
@@ -58,6 +58,9 @@ def facts(cfg, *, nproc_per_node: int | None, reason: str) -> PlatformFacts:
         # One intra-op thread per core share: more threads than cores makes every rank slower.
         env={"OMP_NUM_THREADS": str(threads), "QWEN3EXP_CPU_THREADS": str(threads)},
         force_sum_reductions=True,
+        devices_per_node=cores,
+        # Ranks may share cores (slow, but it works): the plan warns instead of refusing.
+        devices_exclusive=False,
     )
 
 

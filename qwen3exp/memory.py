@@ -1,0 +1,244 @@
+"""Parameters per rank and the per-rank memory estimate, by arithmetic (no torch, no model).
+
+Parameters per rank follow torchtitan 0.3.0's sharding of Qwen3, tensor by tensor, for the rank
+that holds the largest shard (rank 0; `torch.chunk` gives the first ranks the larger pieces):
+- tensor parallel (tp): column-wise linears (wqkv, w1, w3, lm_head) and the embedding split dim 0,
+  row-wise linears (wo, w2) dim 1; norms and the router gate are replicated. Routed experts are
+  split on their hidden dim by tp when ep = 1, and are not tensor-parallel when ep > 1;
+- expert parallel (ep): routed experts split dim 0 (the expert index) by ep;
+- FSDP: every tensor split dim 0 by dp_shard x cp; routed experts use dp_shard x cp x tp / ep when
+  ep > 1, and split dim 1 instead of dim 0 when that degree (x ep) exceeds the number of experts;
+- dp_replicate replicates; tied embeddings count once;
+- pipeline (pp): the first stage's share, ceil(n_layers / pp) layers plus the embedding (and the
+  head when pp = 1). An approximation: torchtitan weighs the embedding and head like layers when
+  it splits stages.
+`tests/test_plan.py` checks the count against the local shards of the model torchtitan builds and
+shards on the meta device (a fake process group).
+
+Memory per rank (bytes), for AdamW:
+  parameters  = params_per_rank x bytes(training.dtype)
+  gradients   = params_per_rank x bytes(training.dtype)
+  optimizer   = 2 x params_per_rank x bytes(training.dtype)          (exp_avg and exp_avg_sq)
+  fsdp buffers = 2 x U x bytes(mixed_precision_param) + U x 4          (U: the largest FSDP unit's
+                 unsharded parameters / tp: a block, the embedding, or [norm, lm_head]; one
+                 all-gathered, one prefetched, one float32 gradient being reduce-scattered; 0 when
+                 nothing is sharded)
+  activations = T x [ L x per_layer + head ] x bytes(compute) / tp  +  head logits
+with T = local_batch_size x seq_len / cp tokens per micro-batch (gradient accumulation runs one
+micro-batch at a time), L = n_layers, compute = mixed_precision_param, and per token and layer the
+tensors kept for the backward pass (elements; d = dim, q = n_heads x head_dim, kv = n_kv_heads x
+head_dim, f = FFN hidden, k = top_k, F = expert hidden, E = experts):
+  attention  = 2d (norm in, out) + (q + 2kv) (wqkv) + 2(q + kv) (q/k norm, RoPE) + q (attention out)
+  dense FFN  = 2d + 4f (w1, w3, silu, product)
+  MoE FFN    = 2d + E (router) + 2kd (routed copy in and out) + 4kF
+  activation_checkpoint=none:      per_layer = attention + FFN
+  activation_checkpoint=full:      per_layer = d (the block input), plus one block recomputed (+ attention + FFN once)
+  activation_checkpoint=selective: per_layer = d + half of the linear outputs + q (torchtitan's
+                                   op-level SAC saves every other matmul and the attention output),
+                                   plus one block recomputed
+  head = 2d (final norm), and the loss logits: 2 x T/8 x vocab / tp in float32 (torchtitan's
+         chunked loss, 8 chunks; logits and their gradient)
+With pp > 1 a stage holds ceil(L / pp) layers but keeps up to pp micro-batches in flight (1F1B),
+about L layers' worth, so L is used unchanged. Attention itself is assumed memory-efficient (SDPA
+/ flash / flex: no seq_len^2 score matrix kept).
+
+A plan fits when the total is at most `USABLE_FRACTION` of the platform's memory per rank; the
+rest is left for the runtime, the allocator's fragmentation and communication buffers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from qwen3exp.flavors import Arch
+
+USABLE_FRACTION = 0.9
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+LOSS_CHUNKS = 8
+
+
+@dataclass(frozen=True)
+class ParamTensor:
+    name: str
+    shape: tuple[int, ...]
+    tp_dim: int | None
+    """Dimension split by tensor parallelism (None: replicated)."""
+    layer: int | None
+    """Layer index (None: embedding, final norm, head)."""
+    expert: bool = False
+
+
+def param_tensors(arch: Arch) -> list[ParamTensor]:
+    """Every parameter tensor torchtitan's Qwen3 has, with its torchtitan name (tied: no lm_head
+    entry of its own, the embedding is the lm_head)."""
+    d, hd = arch.dim, arch.head_dim
+    q, kv = arch.n_heads * hd, arch.n_kv_heads * hd
+    out = [ParamTensor("tok_embeddings.weight", (arch.vocab_size, d), 0, None)]
+    for i in range(arch.n_layers):
+        p = f"layers.{i}."
+        out += [
+            ParamTensor(p + "attention.qkv_linear.wqkv.weight", (q + 2 * kv, d), 0, i),
+            ParamTensor(p + "attention.wo.weight", (d, q), 1, i),
+            ParamTensor(p + "attention.q_norm.weight", (hd,), None, i),
+            ParamTensor(p + "attention.k_norm.weight", (hd,), None, i),
+            ParamTensor(p + "attention_norm.weight", (d,), None, i),
+            ParamTensor(p + "ffn_norm.weight", (d,), None, i),
+        ]
+        if arch.moe is None:
+            f = arch.hidden_dim
+            out += [ParamTensor(p + "feed_forward.w1.weight", (f, d), 0, i),
+                    ParamTensor(p + "feed_forward.w2.weight", (d, f), 1, i),
+                    ParamTensor(p + "feed_forward.w3.weight", (f, d), 0, i)]
+        else:
+            e, f = arch.moe.num_experts, arch.moe.hidden_dim
+            x = p + "moe.routed_experts.inner_experts."
+            out += [ParamTensor(x + "w1_EFD", (e, f, d), 1, i, True),
+                    ParamTensor(x + "w2_EDF", (e, d, f), 2, i, True),
+                    ParamTensor(x + "w3_EFD", (e, f, d), 1, i, True),
+                    ParamTensor(p + "moe.router.gate.weight", (e, d), None, i)]
+    out.append(ParamTensor("norm.weight", (d,), None, None))
+    if not arch.tied:
+        out.append(ParamTensor("lm_head.weight", (arch.vocab_size, d), 0, None))
+    return out
+
+
+@dataclass(frozen=True)
+class Degrees:
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+
+
+def local_shape(t: ParamTensor, g: Degrees) -> tuple[int, ...]:
+    """The shape of rank 0's shard of one tensor under torchtitan's sharding."""
+    shape = list(t.shape)
+
+    def split(dim: int, degree: int) -> None:
+        shape[dim] = math.ceil(shape[dim] / degree)
+
+    fsdp = g.dp_shard * g.cp
+    if t.expert:
+        if g.ep > 1:
+            split(0, g.ep)
+            efsdp = fsdp * g.tp // g.ep
+            split(1 if efsdp * g.ep > t.shape[0] else 0, efsdp)
+        else:
+            if t.tp_dim is not None:
+                split(t.tp_dim, g.tp)
+            split(1 if fsdp > t.shape[0] else 0, fsdp)
+        return tuple(shape)
+    if t.tp_dim is not None:
+        split(t.tp_dim, g.tp)
+    split(0, fsdp)
+    return tuple(shape)
+
+
+def params_per_rank(arch: Arch, g: Degrees) -> int:
+    """Parameters held by rank 0 (the largest shard), pipeline stage 0."""
+    layers_here = math.ceil(arch.n_layers / g.pp)
+    total = 0
+    for t in param_tensors(arch):
+        if t.layer is not None and t.layer >= layers_here:
+            continue
+        if g.pp > 1 and t.name in ("norm.weight", "lm_head.weight"):
+            continue  # on the last stage
+        total += math.prod(local_shape(t, g))
+    return total
+
+
+def largest_unit(arch: Arch, g: Degrees) -> int:
+    """Unsharded parameters (per tp / ep shard) of the largest FSDP unit, as torchtitan wraps them:
+    one per block, the embedding, and [final norm, lm_head] (one unit with the embedding when tied)."""
+    units: dict[object, int] = {}
+    for t in param_tensors(arch):
+        n = math.prod(t.shape)
+        if t.expert and g.ep > 1:
+            n //= g.ep
+        elif t.tp_dim is not None:
+            n //= g.tp
+        if t.layer is not None:
+            unit: object = t.layer
+        elif t.name == "tok_embeddings.weight":
+            unit = "embedding and head" if arch.tied else "embedding"
+        else:
+            unit = "embedding and head" if arch.tied else "head"
+        units[unit] = units.get(unit, 0) + n
+    return max(units.values())
+
+
+@dataclass(frozen=True)
+class Memory:
+    parameters: int
+    gradients: int
+    optimizer: int
+    fsdp_buffers: int
+    activations: int
+    total: int
+    budget: int
+    """The platform's memory per rank."""
+    usable: int
+    """USABLE_FRACTION of the budget."""
+    headroom: int
+    """usable - total (negative: does not fit)."""
+    fits: bool
+    param_dtype: str
+    compute_dtype: str
+    activation_checkpoint: str
+    tokens_per_microbatch: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def activation_elements_per_token(arch: Arch, mode: str) -> tuple[int, int]:
+    """(per layer, head) elements kept per token for the backward pass (see the module doc)."""
+    d, hd = arch.dim, arch.head_dim
+    q, kv = arch.n_heads * hd, arch.n_kv_heads * hd
+    attention = 2 * d + (q + 2 * kv) + 2 * (q + kv) + q
+    if arch.moe is None:
+        f_total = arch.hidden_dim
+        ffn = 2 * d + 4 * f_total
+        matmul_out = (q + 2 * kv) + d + 2 * f_total + d
+    else:
+        k, e, f = arch.moe.top_k, arch.moe.num_experts, arch.moe.hidden_dim
+        ffn = 2 * d + e + 2 * k * d + 4 * k * f
+        matmul_out = (q + 2 * kv) + d + e + 2 * k * f + k * d
+    full_layer = attention + ffn
+    match mode:
+        case "none":
+            per_layer, once = full_layer, 0
+        case "full":
+            per_layer, once = d, full_layer
+        case "selective":
+            per_layer, once = d + matmul_out // 2 + q, full_layer
+        case _:
+            raise ValueError(f"unknown activation checkpointing mode {mode!r}")
+    return per_layer, once + 2 * d
+
+
+def estimate(arch: Arch, g: Degrees, *, local_batch_size: int, seq_len: int, param_dtype: str,
+             compute_dtype: str, activation_checkpoint: str, budget: int) -> Memory:
+    p = params_per_rank(arch, g)
+    pb, cb = DTYPE_BYTES[param_dtype], DTYPE_BYTES[compute_dtype]
+    params, grads, optim = p * pb, p * pb, 2 * p * pb
+    sharded = g.dp_shard * g.cp > 1 or (g.ep > 1)
+    unit = largest_unit(arch, g)
+    buffers = (2 * unit * cb + unit * 4) if sharded else 0
+    tokens = local_batch_size * seq_len // g.cp
+    per_layer, once = activation_elements_per_token(arch, activation_checkpoint)
+    acts = tokens * (arch.n_layers * per_layer + once) * cb // g.tp
+    acts += 2 * math.ceil(tokens / LOSS_CHUNKS) * arch.vocab_size * 4 // g.tp
+    total = params + grads + optim + buffers + acts
+    usable = int(budget * USABLE_FRACTION)
+    return Memory(parameters=params, gradients=grads, optimizer=optim, fsdp_buffers=buffers,
+                  activations=acts, total=total, budget=budget, usable=usable, headroom=usable - total,
+                  fits=total <= usable, param_dtype=param_dtype, compute_dtype=compute_dtype,
+                  activation_checkpoint=activation_checkpoint, tokens_per_microbatch=tokens)
+
+
+def gib(n: int | float) -> str:
+    return f"{n / 2**30:.2f} GiB"

@@ -1,0 +1,177 @@
+"""Every mistake is caught before launch: a table of bad inputs, each run through the real command
+line (`python -m qwen3exp ...`, no dry run) and each required to exit with code 2, name the YAML key
+and what is allowed (and where it helps, the file the value came from and the nearest valid value),
+print no traceback, start no worker, and leave no directory that looks like a run.
+
+The subprocesses of the table run a few at a time (module fixture) to keep the suite short; each
+row is still its own test.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import CONF, REPO, run_cli
+
+TOKENIZER = REPO / "qwen3exp" / "assets" / "tokenizer"
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    args: tuple[str, ...]
+    key: str
+    """The YAML key the message must name (as `key = value`)."""
+    allowed: str
+    """Text that must appear in the message's `allowed:` line."""
+    also: tuple[str, ...] = ()
+    """More text the message must hold: the source file, 'did you mean ...', other keys."""
+    multirun: bool = False
+
+
+CASES = [
+    # sizes: zero, negative, wrong type
+    Case("steps_zero", ("training.steps=0",), "training.steps", "a number > 0", ("from: command line training.steps=0",)),
+    Case("steps_negative", ("training.steps=-5",), "training.steps", "a number > 0"),
+    Case("seq_len_zero", ("training.seq_len=0",), "training.seq_len", "a number > 0"),
+    Case("local_batch_negative", ("training.local_batch_size=-1",), "training.local_batch_size", "a number > 0"),
+    Case("lr_zero", ("training.lr=0",), "training.lr", "a number > 0"),
+    Case("lr_not_a_number", ("training.lr=fast",), "training.lr", "float"),
+    Case("compile_not_bool", ("training.compile=maybe",), "training.compile", "bool"),
+    Case("log_freq_zero", ("metrics.log_freq=0",), "metrics.log_freq", "a number > 0"),
+    Case("nproc_zero", ("launcher.nproc_per_node=0",), "launcher.nproc_per_node", "a number > 0"),
+    Case("memory_negative", ("platform=cpu", "platform.memory_per_rank_gib=-1"), "platform.memory_per_rank_gib",
+         "a number > 0"),
+    Case("global_batch_zero", ("training.global_batch_size=0",), "training.global_batch_size", "-1 or an integer > 0"),
+    # unknown keys, sections, options, flavors: the nearest valid one
+    Case("unknown_key", ("training.step=5",), "training.step", "steps, seq_len",
+         ("did you mean training.steps?",)),
+    Case("unknown_section", ("trainin.steps=5",), "trainin.steps", "training, metrics", ("did you mean training?",)),
+    Case("unknown_added_key", ("+training.stepz=5",), "training.stepz", "steps, seq_len",
+         ("did you mean training.steps?",)),
+    Case("unknown_flavor", ("model.flavor=4b",), "model.flavor", "0.6B, 1.7B, 4B", ("did you mean 4B?",)),
+    Case("unknown_group_option", ("model=natve",), "model", "native", ("did you mean native?",)),
+    Case("unknown_platform", ("platform=gpu",), "platform", "auto, cpu"),
+    Case("unknown_experiment", ("experiment=nonexistent",), "experiment", "tiny_native"),
+    Case("bad_choice_decay", ("training.decay_type=cosin",), "training.decay_type", "'linear', 'sqrt' or 'cosine'",
+         ("did you mean cosine?",)),
+    Case("bad_choice_dtype", ("training.dtype=fp16",), "training.dtype", "'float32' or 'bfloat16'"),
+    Case("bad_choice_ac", ("training.activation_checkpoint=partial",), "training.activation_checkpoint",
+         "'none', 'selective' or 'full'"),
+    Case("bad_name", ("name=bad/name",), "name", "letters, digits"),
+    # world size vs degrees, heads, experts, batches, sequence length, layers
+    Case("tp_vs_world", ("parallelism.tp=3",), "parallelism.tp", "allowed: 1, 2 (the divisors of 2)",
+         ("world size 2 = launcher.nnodes 1 x 2 ranks per node",)),
+    Case("pp_vs_world", ("parallelism.pp=3",), "parallelism.pp", "allowed: 1, 2 (the divisors of 2)"),
+    Case("dp_shard_vs_world", ("parallelism.dp_shard=4",), "parallelism.dp_shard", "-1 or 2",
+         ("nearest valid value: parallelism.dp_shard=2",)),
+    Case("tp_vs_kv_heads", ("launcher.nproc_per_node=4", "parallelism.tp=4"), "parallelism.tp",
+         "allowed: 1, 2 (the divisors of 2)",
+         ("n_kv_heads (2, flavor tiny)", "nearest valid value: parallelism.tp=2")),
+    Case("tp_vs_heads", ("model.flavor=0.6B", "launcher.nproc_per_node=3", "parallelism.tp=3"), "parallelism.tp",
+         "allowed: 1, 2, 4, 8, 16 (the divisors of 16)", ("n_heads (16, flavor 0.6B)",)),
+    Case("ep_on_dense", ("parallelism.ep=2",), "parallelism.ep", "allowed: 1", ("needs an MoE model",)),
+    Case("global_batch_vs_dp", ("training.global_batch_size=20",), "training.global_batch_size", "-1 or a multiple of 16",
+         ("local_batch_size x data-parallel degree = 8 x 2 = 16", "training.global_batch_size=16 or 32")),
+    Case("seq_len_above_max", ("training.seq_len=5000",), "training.seq_len", "1..4096",
+         ("maximum sequence length (4096, flavor tiny)",)),
+    Case("warmup_above_steps", ("training.warmup_steps=50",), "training.warmup_steps", "0..30"),
+    Case("n_layers_above_flavor", ("model.n_layers=10",), "model.n_layers", "1..2"),
+    Case("top_k_on_dense", ("model.top_k=4",), "model.top_k", "null for dense models"),
+    Case("top_k_above_experts", ("model.flavor=tiny_moe", "model.top_k=16"), "model.top_k", "1..8"),
+    Case("flavor_auto_without_config", ("model.flavor=auto", "model.hf_assets_path={tmp}/big_tokenizer"),
+         "model.hf_assets_path", "a folder with a Qwen3 config.json", ("holds no config.json",)),
+    Case("multinode_without_rendezvous", ("launcher.nnodes=2",), "launcher.rdzv_endpoint", "host:port"),
+    Case("node_rank_out_of_range", ("launcher.node_rank=3",), "launcher.node_rank", "0..0"),
+    # files: missing paths, wrong kinds, tokenizer larger than the model's vocabulary
+    Case("assets_path_missing", ("model.hf_assets_path={tmp}/big_tokenizr",), "model.hf_assets_path",
+         "a local folder with tokenizer files", ("folder does not exist", "did you mean")),
+    Case("assets_path_is_file", ("model.hf_assets_path={tmp}/corpus.csv",), "model.hf_assets_path",
+         "a local folder with tokenizer files", ("is a file, not a folder",)),
+    Case("assets_without_tokenizer", ("model.hf_assets_path={tmp}/empty",), "model.hf_assets_path",
+         "a folder with tokenizer.json", ("holds no tokenizer",)),
+    Case("tokenizer_vocab_above_model", ("model.hf_assets_path={tmp}/big_tokenizer",), "model.hf_assets_path",
+         "a tokenizer with at most 2048 tokens", ("token ids up to 5000 but the model's vocab_size is 2048",)),
+    Case("data_path_missing", ("data=local", "data.path={tmp}/corpus.jsonx"), "data.path", "an existing .jsonl",
+         ("did you mean",)),
+    Case("data_path_unset", ("data=local",), "data.path", "A .jsonl file",
+         ("from: group file conf/data/local.yaml",)),
+    Case("data_path_wrong_type", ("data=local", "data.path={tmp}/corpus.csv"), "data.path", "an existing .jsonl",
+         ("unsupported file type .csv",)),
+    Case("data_folder_empty", ("data=local", "data.path={tmp}/empty"), "data.path", "an existing .jsonl",
+         ("holds no data file",)),
+    # memory: a plan that does not fit is an error unless dry_run
+    Case("model_does_not_fit", ("model.flavor=4B",), "model.flavor", "a plan needing at most",
+         ("per rank (parameters", "try: training.activation_checkpoint=full")),
+    Case("budget_too_small", ("platform=cpu", "platform.memory_per_rank_gib=0.001"), "model.flavor",
+         "a plan needing at most"),
+    # values that come from files name the file
+    Case("bad_value_in_experiment_file", ("--config-path", "{tmp}/conf", "experiment=bad"), "training.steps",
+         "a number > 0", ("from: experiment file conf/experiment/bad.yaml",)),
+    # several independent mistakes are reported together (an unknown flavor does not hide a bad tp)
+    Case("several_at_once", ("training.steps=0", "model.flavor=4b", "parallelism.tp=3", "training.decay_type=cosin"),
+         "parallelism.tp", "allowed: 1, 2 (the divisors of 2)",
+         ("4 configuration errors", "training.steps = 0", "model.flavor = '4b'", "training.decay_type = 'cosin'")),
+    Case("group_option_with_others", ("data=locl", "training.steps=0"), "data", "bundled, local",
+         ("did you mean local?", "2 configuration errors", "training.steps = 0")),
+    Case("bad_sweep_point", ("-m", "training.steps=10,0"), "training.steps", "a number > 0",
+         ("sweep point 2/2",), multirun=True),
+]
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("bad_inputs")
+    (tmp / "empty").mkdir()
+    (tmp / "corpus.csv").write_text("text\nhello\n")
+    big = tmp / "big_tokenizer"
+    big.mkdir()
+    tok = json.loads((TOKENIZER / "tokenizer.json").read_text())
+    tok["added_tokens"].append({"id": 5000, "content": "<|extra|>", "single_word": False, "lstrip": False,
+                                "rstrip": False, "normalized": False, "special": True})
+    (big / "tokenizer.json").write_text(json.dumps(tok))
+    shutil.copytree(CONF, tmp / "conf")
+    (tmp / "conf" / "experiment" / "bad.yaml").write_text(
+        "name: bad\ntraining:\n  steps: 0\n  warmup_steps: 0\n")
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def results(assets, tmp_path_factory) -> dict[str, tuple]:
+    def one(case: Case):
+        out = tmp_path_factory.mktemp(case.id)
+        args = [a.replace("{tmp}", str(assets)) for a in case.args]
+        where = f"hydra.sweep.dir={out}/sweep" if case.multirun else f"hydra.run.dir={out}/run"
+        proc = run_cli(*args, where, timeout=120)
+        return case.id, (proc, out)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(pool.map(one, CASES))
+
+
+def test_table_is_large_enough():
+    assert len(CASES) >= 30
+    assert len({c.id for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input(case: Case, results):
+    proc, out = results[case.id]
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 2, text
+    assert "Traceback" not in text
+    assert "configuration error" in proc.stderr
+    assert f"  {case.key} = " in proc.stderr, proc.stderr
+    allowed = [line for line in proc.stderr.splitlines() if line.strip().startswith("allowed:")]
+    assert any(case.allowed in line for line in allowed), proc.stderr
+    for more in case.also:
+        assert more in proc.stderr, proc.stderr
+    # No worker started, nothing that looks like a run: the directories were never created.
+    assert "rank(s) on" not in proc.stdout
+    assert not (out / "run").exists() and not (out / "sweep").exists(), list(out.rglob("*"))
