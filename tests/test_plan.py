@@ -350,7 +350,7 @@ def test_dry_run_sweep_plans_every_point(tmp_path):
     assert proc.stdout.count("qwen3exp dry run:") == 4
     assert "=== sweep point 4/4" in proc.stdout
     assert "active per token 822,016" in proc.stdout  # tiny_moe
-    assert f"{tmp_path}/sweep/3" in proc.stdout
+    assert f"{tmp_path}/sweep/model.flavor=tiny_moe,training.seq_len=128" in proc.stdout  # named by overrides
     assert not (tmp_path / "sweep").exists()
 
 
