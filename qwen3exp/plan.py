@@ -253,7 +253,7 @@ def section_problems(sections: dict[str, Any], replaced: set[str] = frozenset())
 def _section_problems(sections: dict[str, Any]) -> list[Problem]:
     from types import SimpleNamespace
 
-    from qwen3exp import data_files, model_files
+    from qwen3exp import data_files, model_files, tracking
     from qwen3exp.platforms import resolve
 
     problems: list[Problem] = []
@@ -281,7 +281,7 @@ def make_plan(exp: Experiment, run_dir: str | Path, *, overrides: list[str] | tu
               provenance=None, job_num: int | None = None) -> Plan:
     """Resolve and check everything; raise ConfigError naming every problem. A plan that does not fit
     in memory is a problem, unless `exp.dry_run` (then it is a loud warning in `Plan.warnings`)."""
-    from qwen3exp import data_files, model_files
+    from qwen3exp import data_files, model_files, tracking
     from qwen3exp.launch import Prepared, torchrun_commands
     from qwen3exp.platforms import resolve
 
@@ -293,6 +293,7 @@ def make_plan(exp: Experiment, run_dir: str | Path, *, overrides: list[str] | tu
         files = None
     arch = files.arch if files is not None else None
     problems += data_files.data_problems(exp.data)
+    problems += tracking.check(exp)
     facts = resolve(exp.platform, nproc_per_node=exp.launcher.nproc_per_node)
     mesh, ps = mesh_problems(exp.parallelism, exp.launcher, facts)
     problems += ps

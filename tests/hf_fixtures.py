@@ -80,7 +80,33 @@ def first_batches(run_dir: Path) -> list[tuple]:
 
 def hf_loss(folder: Path, batches: list[tuple]) -> float:
     """The Hugging Face model's mean token loss over the batches, each packed document run on its
-    own (so nothing depends on a mask implementation): sum of token losses / number of tokens."""
+    own (so nothing depends on a mask implementation): sum of token losses / number of tokens.
+
+    Computed in a fresh process: once torchtitan's transformers backend has built a model in a
+    process, it has replaced `PreTrainedModel._init_weights` process-wide (see
+    qwen3exp/titan/hf_model.py), and `from_pretrained` there leaves the rotary buffers wrong; an
+    earlier test in the same pytest process would silently change this reference."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    import torch
+
+    here = Path(__file__).resolve().parent
+    with tempfile.TemporaryDirectory() as tmp:
+        saved = Path(tmp) / "batches.pt"
+        torch.save(batches, saved)
+        code = (f"import sys, torch; sys.path.insert(0, {str(here)!r}); from hf_fixtures import hf_loss_here; "
+                f"print(repr(hf_loss_here({str(folder)!r}, torch.load({str(saved)!r}))))")
+        env = dict(os.environ, PYTHONPATH=str(here.parent), HF_HUB_OFFLINE="1")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return float(r.stdout.strip().splitlines()[-1])
+
+
+def hf_loss_here(folder, batches: list[tuple]) -> float:
+    """`hf_loss` in this process (use only in a process that never built the transformers backend)."""
     import torch
     import torch.nn.functional as F
     from transformers import AutoModelForCausalLM

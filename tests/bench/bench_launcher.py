@@ -1,0 +1,72 @@
+"""End-to-end cost of qwen3exp's launcher on a 10-step tiny run, measured side by side.
+
+A: `python -m qwen3exp training.steps=10` (Hydra compose, validation, the launcher's own build of
+   Trainer.Config, run-directory files, torchrun, summary).
+B: the same Trainer.Config trained by torchtitan's trainer under a bare torchrun
+   (tests/bench/direct_worker.py), same rank environment.
+Runs alternate A, B, A, B, ... and the medians are compared. Goal: A / B < 1.10.
+
+    .venv/bin/python tests/bench/bench_launcher.py [--repeats 3] [--steps 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _env():
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    return env
+
+
+def ours(run_dir: Path, steps: int) -> float:
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "qwen3exp", f"training.steps={steps}", "training.warmup_steps=2",
+                    f"hydra.run.dir={run_dir}"], check=True, env=_env(), cwd=REPO,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t
+
+
+def direct(source_run: Path, out: Path) -> float:
+    import json
+
+    env = _env()
+    env.update(json.loads((source_run / "platform.json").read_text())["env"])
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                    "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
+                    str(REPO / "tests/bench/direct_worker.py"), str(source_run), str(out)],
+                   check=True, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10)
+    args = ap.parse_args()
+    a, b = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for i in range(args.repeats):
+            a.append(ours(tmp / f"ours{i}", args.steps))
+            b.append(direct(tmp / "ours0", tmp / f"direct{i}"))
+            print(f"  round {i + 1}: qwen3exp {a[-1]:6.2f} s   direct torchrun {b[-1]:6.2f} s", flush=True)
+    ma, mb = statistics.median(a), statistics.median(b)
+    print(f"launcher overhead, {args.steps}-step tiny run, 2 CPU ranks (median of {args.repeats}):")
+    print(f"  python -m qwen3exp      {ma:6.2f} s")
+    print(f"  bare torchrun + trainer {mb:6.2f} s")
+    print(f"  ratio {ma / mb:.3f}  (goal < 1.10)")
+
+
+if __name__ == "__main__":
+    main()
