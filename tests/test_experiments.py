@@ -112,7 +112,8 @@ def test_cpu_twin_differs_only_where_the_hardware_forces_it(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("twin", TWINS)
+# tiny_native is the default experiment: tests/test_cli.py already trains it to `completed` (12 steps).
+@pytest.mark.parametrize("twin", [t for t in TWINS if t != "tiny_native"] or [pytest.param("none", marks=pytest.mark.skip)])
 def test_cpu_twin_trains_here(twin, tmp_path):
     run_dir = tmp_path / "run"
     r = run_cli(f"experiment={twin}", "platform=cpu", "training.steps=3", "training.warmup_steps=1",
