@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import CONF, all_conf_files, compose
+from trn2_assets import overrides_for
 from qwen3exp.assets import CORPUS_DIR
 
 # group/option -> extra overrides that a real user would have to give on the command line.
@@ -23,7 +24,9 @@ REQUIRED: dict[str, list[str]] = {
     # a dry run plans with the platform's table values and still converts.
     "platform/neuron": ["dry_run=true"],
     "platform/cuda": ["dry_run=true"],
-    **{f"experiment/{p.stem}": ["dry_run=true"] for p in CONF.glob("experiment/trn2_*.yaml")},
+    # trn2 experiments also name a published model folder: a stand-in with its config.json,
+    # tokenizer and (header-complete, sparse) safetensors, see tests/trn2_assets.py.
+    **{f"experiment/{p.stem}": overrides_for(p.stem) for p in CONF.glob("experiment/trn2_*.yaml")},
 }
 
 

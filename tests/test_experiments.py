@@ -10,17 +10,15 @@ parallelism, compile on/off, resolved attention).
 from __future__ import annotations
 
 import re
-from pathlib import Path
-
 import pytest
 
 from conftest import CONF, compose, read_metrics, read_summary, run_cli
 from qwen3exp.launch import prepare
 from qwen3exp.schema import validate_experiment
+from trn2_assets import overrides_for
 
 EXPERIMENTS = CONF / "experiment"
 TRN2 = sorted(p.stem for p in EXPERIMENTS.glob("trn2_*.yaml"))
-LOCAL_TOKENIZER = Path(__file__).resolve().parent.parent / "qwen3exp" / "assets" / "tokenizer"
 
 
 def header(name: str) -> list[str]:
@@ -37,7 +35,8 @@ TWINS = sorted({twin_of(n) for n in TRN2})
 
 
 def plan(name: str, *overrides: str):
-    data = compose(f"experiment={name}", "dry_run=true", *overrides)
+    extra = overrides_for(name) if name.startswith("trn2_") else ["dry_run=true"]
+    data = compose(f"experiment={name}", *extra, *overrides)
     exp = validate_experiment(data)
     return exp, prepare(exp)
 
@@ -59,7 +58,7 @@ def test_trn2_experiment_plans_and_converts_for_neuron(name, tmp_path):
     from qwen3exp.titan.attention import DocumentSDPAttention
     from qwen3exp.to_torchtitan import to_torchtitan
 
-    exp, prep = plan(name, "platform=neuron", f"model.hf_assets_path={LOCAL_TOKENIZER}")
+    exp, prep = plan(name, "platform=neuron")
     facts = prep.facts
     assert (facts.name, facts.device_type, facts.dist_backend) == ("neuron", "neuron", "neuron")
     assert not facts.device_checked and "device not checked (dry run)" in facts.reason
