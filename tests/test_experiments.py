@@ -42,8 +42,8 @@ def plan(name: str, *overrides: str):
 
 
 def test_the_walkthrough_files_exist():
-    assert "trn2_qwen3_4b_native" in TRN2
-    assert "tiny_native" in TWINS
+    assert {"trn2_qwen3_4b_native", "trn2_qwen3_4b_hf"} <= set(TRN2)
+    assert {"tiny_native", "tiny_hf"} <= set(TWINS)
 
 
 @pytest.mark.parametrize("name", TRN2 + TWINS)
@@ -69,8 +69,14 @@ def test_trn2_experiment_plans_and_converts_for_neuron(name, tmp_path):
     assert config.compile.backend == "neuron"
     assert config.compile.enable is exp.training.compile
     assert config.comm.init_timeout_seconds == 1800
-    inner = [layer.attention.inner_attention for layer in config.model_spec.model.layers]
-    assert inner and all(type(a) is DocumentSDPAttention.Config for a in inner)
+    match exp.model.backend:
+        case "native":
+            inner = [layer.attention.inner_attention for layer in config.model_spec.model.layers]
+            assert inner and all(type(a) is DocumentSDPAttention.Config for a in inner)
+        case "hf":
+            from qwen3exp.titan.hf_model import HFQwen3SdpaModel
+
+            assert type(config.model_spec.model) is HFQwen3SdpaModel.Config
     assert config.training.mixed_precision_param == "bfloat16"
     assert config.training.seq_len == exp.training.seq_len
     assert config.dump_folder == str(tmp_path)
@@ -84,11 +90,25 @@ def test_trn2_compile_uses_the_neuron_backend(tmp_path):
     assert config.compile.enable and config.compile.backend == "neuron"
 
 
-def test_trn2_native_is_the_4b_architecture(tmp_path):
-    exp, _ = plan("trn2_qwen3_4b_native")
-    arch = exp.model.arch()
-    assert (arch.n_layers, arch.dim, arch.n_heads, arch.n_kv_heads, arch.vocab_size, arch.tied) == \
-        (36, 2560, 32, 8, 151936, True)
+@pytest.mark.parametrize("name", [n for n in TRN2 if "_4b_" in n])
+def test_trn2_4b_is_the_published_architecture(name):
+    """The checkpoint's own config.json decides (rope theta 5e6, not the built-in 4B flavor's 1e6)."""
+    _, prep = plan(name)
+    arch = prep.files.arch
+    assert (arch.n_layers, arch.dim, arch.n_heads, arch.n_kv_heads, arch.head_dim, arch.hidden_dim) == \
+        (36, 2560, 32, 8, 128, 9728)
+    assert (arch.vocab_size, arch.tied, arch.rope_theta) == (151936, True, 5e6)
+
+
+def test_trn2_hf_loads_and_exports_hugging_face_weights(tmp_path):
+    from qwen3exp.to_torchtitan import to_torchtitan
+    from trn2_assets import standins
+
+    exp, prep = plan("trn2_qwen3_4b_hf")
+    assert prep.files.weights == standins()["4b"]
+    config = to_torchtitan(exp, prep.facts, tmp_path)
+    assert config.checkpoint.initial_load_in_hf and config.checkpoint.initial_load_path == str(standins()["4b"])
+    assert config.checkpoint.last_save_in_hf and config.checkpoint.export_dtype == "bfloat16"
 
 
 def _structure(name: str, platform: str) -> dict:
@@ -96,10 +116,13 @@ def _structure(name: str, platform: str) -> dict:
     m = exp.model
     return {
         "model.backend": m.backend,
-        "attention": prep.facts.attention if getattr(m, "attention", "auto") == "auto" else m.attention,
-        "moe": m.arch().is_moe if m.arch() else None,
+        "attention": prep.facts.attention if m.attention == "auto" else m.attention,
+        "moe": prep.files.arch.is_moe,
         "kernels": exp.kernels.model_dump(),
-        "checkpoint.kind": exp.checkpoint.kind,
+        # Loading published weights is the one difference no hardware forces: no tiny published
+        # checkpoint exists (tests/test_hf_checkpoints.py loads tiny checkpoints it writes itself).
+        "checkpoint.exports": exp.checkpoint.kind in ("hf_export", "hf_roundtrip"),
+        "checkpoint.dcp": exp.checkpoint.kind == "dcp",
         "parallelism": {k: v for k, v in exp.parallelism.model_dump().items() if k not in ("dp_shard", "dp_replicate")},
         "training.compile": exp.training.compile,
     }
@@ -124,3 +147,6 @@ def test_cpu_twin_trains_here(twin, tmp_path):
     assert summary["platform"] == "cpu"
     losses = [row["loss"] for row in read_metrics(run_dir)]
     assert len(losses) == 3 and all(loss > 0 for loss in losses)
+    exp, _ = plan(twin)
+    if exp.checkpoint.kind in ("hf_export", "hf_roundtrip"):  # the twin of an export checks it too
+        assert summary["export"]["ok"] and summary["export"]["unexpected_keys"] == []

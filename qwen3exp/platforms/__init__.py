@@ -110,15 +110,13 @@ def _auto(nproc_per_node: int | None, dry_run: bool) -> PlatformFacts:
 
 def check_experiment(exp, facts: PlatformFacts) -> None:
     """Cross-field rules that need the resolved platform (raise ConfigError)."""
-    from qwen3exp.schema import NativeModel
-
     problems: list[Problem] = []
-    match exp.model, facts.name:
-        case NativeModel(attention="flex"), "neuron":
+    match exp.model.attention, facts.name:  # every model backend has `attention`
+        case "flex", "neuron":
             problems.append(Problem(
                 "model.attention", "flex", "FlexAttention is not available on Neuron (it has only an "
                 "inductor lowering; torchtitan refuses to compile it with backend 'neuron')", "auto, sdpa"))
-        case NativeModel(attention="flex"), "cpu":
+        case "flex", "cpu":
             problems.append(Problem(
                 "model.attention", "flex", "FlexAttention has no backward on the CPU", "auto, sdpa"))
     if problems:
