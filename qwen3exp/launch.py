@@ -22,7 +22,7 @@ from pathlib import Path
 from qwen3exp import model_files, provenance, rundir, tracking
 from qwen3exp.errors import ConfigError, Problem
 from qwen3exp.kernels.overrides import merge_applied
-from qwen3exp.platforms import PlatformFacts, check_experiment, resolve
+from qwen3exp.platforms import PlatformFacts, experiment_problems, resolve
 from qwen3exp.plan import Batches, Mesh, resolve_batches, resolve_mesh
 from qwen3exp.model_files import ModelFiles
 from qwen3exp.schema import Experiment
@@ -49,8 +49,7 @@ def prepare(exp: Experiment) -> Prepared:
 
     files = model_files.check(exp)
     facts = resolve(exp.platform, nproc_per_node=exp.launcher.nproc_per_node, dry_run=exp.dry_run)
-    check_experiment(exp, facts)
-    problems = tracking.check(exp)
+    problems = experiment_problems(exp, facts) + tracking.check(exp)
     if problems:
         raise ConfigError(problems)
     mesh = resolve_mesh(exp, facts)

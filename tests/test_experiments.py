@@ -9,6 +9,7 @@ parallelism, compile on/off, resolved attention).
 
 from __future__ import annotations
 
+import json
 import re
 import pytest
 
@@ -82,6 +83,16 @@ def test_trn2_experiment_plans_and_converts_for_neuron(name, tmp_path):
     assert config.dump_folder == str(tmp_path)
 
 
+@pytest.mark.parametrize("name", TRN2)
+def test_trn2_plan_fits_the_hbm_of_a_logical_core(name, tmp_path):
+    from qwen3exp.plan import make_plan
+
+    exp, _ = plan(name)
+    p = make_plan(exp, tmp_path)
+    assert p.memory.fits and not p.warnings, p.warnings
+    assert p.platform.memory_per_rank_bytes == 24 * 2**30
+
+
 def test_trn2_compile_uses_the_neuron_backend(tmp_path):
     from qwen3exp.to_torchtitan import to_torchtitan
 
@@ -138,13 +149,16 @@ def test_cpu_twin_differs_only_where_the_hardware_forces_it(name):
 @pytest.mark.parametrize("twin", [t for t in TWINS if t != "tiny_native"] or [pytest.param("none", marks=pytest.mark.skip)])
 def test_cpu_twin_trains_here(twin, tmp_path):
     run_dir = tmp_path / "run"
-    r = run_cli(f"experiment={twin}", "platform=cpu", "training.steps=3", "training.warmup_steps=1",
+    r = run_cli(f"experiment={twin}", "training.steps=3", "training.warmup_steps=1",
                 "training.seq_len=128", "training.local_batch_size=4",
                 "metrics.tensorboard=false", f"hydra.run.dir={run_dir}")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = read_summary(run_dir)
     assert summary["status"] == "completed" and summary["steps_completed"] == 3
+    # Twins keep platform=auto: here it picks the CPU, and the run records why.
     assert summary["platform"] == "cpu"
+    platform = json.loads((run_dir / "platform.json").read_text())
+    assert platform["name"] == "cpu" and platform["reason"].startswith("platform=auto: no CUDA GPU")
     losses = [row["loss"] for row in read_metrics(run_dir)]
     assert len(losses) == 3 and all(loss > 0 for loss in losses)
     exp, _ = plan(twin)

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import REPO, read_summary, run_cli
 from qwen3exp.errors import ConfigError
-from qwen3exp.platforms import PlatformFacts, check_experiment, probe, resolve
+from qwen3exp.platforms import PlatformFacts, experiment_problems, probe, resolve
 from qwen3exp.schema import (AutoPlatform, CpuPlatform, CudaPlatform, NeuronPlatform, validate_experiment)
 
 FAKES = REPO / "tests" / "fakes"
@@ -58,10 +58,11 @@ def test_auto_picks_cpu_here_and_says_why():
     assert "no CUDA GPU" in facts.reason and "torch_neuronx is not installed" in facts.reason
 
 
-def test_auto_prints_and_records_the_choice(tmp_path):
+def test_auto_prints_the_choice(tmp_path):
+    """(A real run records it in platform.json: see test_experiments.py::test_cpu_twin_trains_here.)"""
     r = run_cli("dry_run=true", "platform=auto")
     assert r.returncode == 0, r.stderr
-    assert "platform: cpu (platform=auto: no CUDA GPU" in r.stdout
+    assert "cpu (platform=auto: no CUDA GPU" in r.stdout
     assert "torch_neuronx is not installed: using cpu" in r.stdout
 
 
@@ -140,9 +141,10 @@ def test_neuron_lnc_in_the_shell_must_agree(monkeypatch):
 
 
 def test_neuron_more_ranks_than_cores_is_refused():
-    with pytest.raises(ConfigError) as e:
-        resolve(NeuronPlatform(), nproc_per_node=65, dry_run=True)
-    assert "allowed: 1..64" in _problems(e.value)["launcher.nproc_per_node"]
+    assert resolve(NeuronPlatform(), dry_run=True).devices_per_node == 64
+    r = run_cli("platform=neuron", "dry_run=true", "launcher.nproc_per_node=65")
+    assert r.returncode == 2
+    assert "launcher.nproc_per_node = 65" in r.stderr and "allowed: 1..64" in r.stderr
 
 
 def test_neuron_real_launch_without_torch_neuronx_is_refused():
@@ -298,9 +300,10 @@ def test_cuda_uses_torchtitan_defaults_and_the_probed_gpus(monkeypatch):
         ("cuda", "nccl", "flex", "inductor")
     assert facts.ranks_per_node == 4 and facts.memory_per_rank_bytes == 80 * GIB
     assert facts.peak_flops_per_rank == 989e12 and facts.device_checked and not facts.force_sum_reductions
+    assert facts.devices_per_node == 4 and facts.devices_exclusive  # the plan refuses a 5th rank
     with pytest.raises(ConfigError) as e:
-        resolve(CudaPlatform(), nproc_per_node=5)
-    assert "more ranks than visible GPUs (4)" in _problems(e.value)["launcher.nproc_per_node"]
+        resolve(CudaPlatform(gpus_per_node=5))
+    assert "more ranks than visible GPUs (4)" in _problems(e.value)["platform.gpus_per_node"]
 
 
 def test_cuda_without_gpu_real_launch_is_refused_and_dry_run_plans():
@@ -329,6 +332,5 @@ def test_cuda_prepare_worker_refuses_a_rank_without_gpu():
 def test_flex_attention_on_cpu_is_refused():
     exp = validate_experiment({"name": "x", "model": {"backend": "native", "flavor": "tiny", "attention": "flex"},
                                "platform": {"name": "cpu"}})
-    with pytest.raises(ConfigError) as e:
-        check_experiment(exp, resolve(CpuPlatform()))
-    assert "FlexAttention has no backward on the CPU" in _problems(e.value)["model.attention"]
+    problems = experiment_problems(exp, resolve(CpuPlatform()))
+    assert "FlexAttention has no backward on the CPU" in _problems(ConfigError(problems))["model.attention"]

@@ -3,7 +3,7 @@
 `resolve()` runs in the launcher (cheap: no torchtitan import; a device probe runs in a short-lived
 subprocess only where a device may exist) and turns the validated platform section into
 `PlatformFacts`: the device, the distributed backend, ranks per node, memory per rank, the attention
-kernel and the environment for the ranks. `check_experiment()` applies the rules that need the
+kernel and the environment for the ranks. `experiment_problems()` lists the rules that need the
 platform. `prepare_worker()` runs first thing in each rank, before torchtitan is imported, because
 torchtitan binds the device type at import time.
 
@@ -108,8 +108,8 @@ def _auto(nproc_per_node: int | None, dry_run: bool) -> PlatformFacts:
                      reason="platform=auto: " + "; ".join(why) + ": using cpu")
 
 
-def check_experiment(exp, facts: PlatformFacts) -> None:
-    """Cross-field rules that need the resolved platform (raise ConfigError)."""
+def experiment_problems(exp, facts: PlatformFacts) -> list[Problem]:
+    """Cross-field rules that need the resolved platform."""
     problems: list[Problem] = []
     match exp.model.attention, facts.name:  # every model backend has `attention`
         case "flex", "neuron":
@@ -119,8 +119,7 @@ def check_experiment(exp, facts: PlatformFacts) -> None:
         case "flex", "cpu":
             problems.append(Problem(
                 "model.attention", "flex", "FlexAttention has no backward on the CPU", "auto, sdpa"))
-    if problems:
-        raise ConfigError(problems)
+    return problems
 
 
 def prepare_worker(facts: PlatformFacts) -> None:

@@ -32,10 +32,9 @@ def facts(cfg, *, nproc_per_node: int | None, dry_run: bool, reason: str) -> Pla
         memory = int(cfg.memory_per_gpu_gib * 2**30) if cfg.memory_per_gpu_gib else int(info["total_memory"])
         name, peak = info.get("name"), info.get("peak_flops")
         reason += f"; {count} GPU(s) checked ({name})"
-        if ranks > count or (nproc_per_node or 0) > count:
-            key, value = (("launcher.nproc_per_node", nproc_per_node) if (nproc_per_node or 0) > count
-                          else ("platform.gpus_per_node", cfg.gpus_per_node))
-            raise ConfigError([Problem(key, value, f"more ranks than visible GPUs ({count})", f"1..{count}")])
+        if ranks > count:
+            raise ConfigError([Problem("platform.gpus_per_node", cfg.gpus_per_node,
+                                       f"more ranks than visible GPUs ({count})", f"1..{count}")])
     elif dry_run:
         checked, name, peak = False, None, None
         ranks = cfg.gpus_per_node or cfg.assumed_gpus_per_node
@@ -58,6 +57,9 @@ def facts(cfg, *, nproc_per_node: int | None, dry_run: bool, reason: str) -> Pla
         peak_flops_per_rank=peak,
         device_name=name,
         device_checked=checked,
+        # One rank per GPU: the plan refuses more ranks than visible GPUs (unknown without a GPU).
+        devices_per_node=count or None,
+        devices_exclusive=True,
     )
 
 

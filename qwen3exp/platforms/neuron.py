@@ -104,10 +104,6 @@ def facts(cfg, *, nproc_per_node: int | None, dry_run: bool, reason: str) -> Pla
         _require_device(cfg, info, expected, source)
         checked, name, total_memory = True, info.get("name") or name, info.get("total_memory")
         reason += f"; {info['count']} logical NeuronCores at LNC={cfg.lnc} checked (torch-neuronx {info.get('version')})"
-    if nproc_per_node is not None and nproc_per_node > expected:
-        raise ConfigError([Problem(
-            "launcher.nproc_per_node", nproc_per_node,
-            f"more ranks than logical NeuronCores per node ({expected}, {source})", f"1..{expected}")])
     if cfg.hbm_per_core_gib:
         memory = int(cfg.hbm_per_core_gib * 2**30)
     elif total_memory:
@@ -127,6 +123,8 @@ def facts(cfg, *, nproc_per_node: int | None, dry_run: bool, reason: str) -> Pla
         env=env,
         device_name=name,
         device_checked=checked,
+        devices_per_node=expected,  # one rank per logical core: the plan refuses more ranks
+        devices_exclusive=True,
         lnc=cfg.lnc,
         run_dir_env=run_dir_env,
         comm_init_timeout_s=COMM_INIT_TIMEOUT_S,
