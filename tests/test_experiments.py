@@ -10,10 +10,13 @@ parallelism, compile on/off, resolved attention).
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import pytest
 
-from conftest import CONF, compose, read_metrics, read_summary, run_cli
+from conftest import CONF, REPO, compose, read_metrics, read_summary
 from qwen3exp.launch import prepare
 from qwen3exp.schema import validate_experiment
 from trn2_assets import overrides_for
@@ -43,8 +46,9 @@ def plan(name: str, *overrides: str):
 
 
 def test_the_walkthrough_files_exist():
-    assert {"trn2_qwen3_4b_native", "trn2_qwen3_4b_hf"} <= set(TRN2)
-    assert {"tiny_native", "tiny_hf"} <= set(TWINS)
+    assert set(TRN2) >= {"trn2_qwen3_4b_native", "trn2_qwen3_4b_hf", "trn2_qwen3_30b_a3b_nki_moe",
+                         "trn2_qwen3_4b_nki_rope"}
+    assert set(TWINS) >= {"tiny_native", "tiny_hf", "tiny_moe_nki", "tiny_nki_rope"}
 
 
 @pytest.mark.parametrize("name", TRN2 + TWINS)
@@ -91,6 +95,27 @@ def test_trn2_plan_fits_the_hbm_of_a_logical_core(name, tmp_path):
     p = make_plan(exp, tmp_path)
     assert p.memory.fits and not p.warnings, p.warnings
     assert p.platform.memory_per_rank_bytes == 24 * 2**30
+
+
+@pytest.mark.parametrize("name", TRN2 + TWINS)
+def test_kernel_overrides_replace_one_module_per_layer(name):
+    """The walkthrough's check: one nki_rope per Qwen3 layer (36 for the 4B), one NKI MoE per MoE layer."""
+    exp, prep = plan(name)
+    n_layers = prep.files.arch.n_layers
+    claimed = {o["key"]: len(o["nodes"]) for o in prep.overrides}
+    expected = {k: n_layers for k, impl in (("kernels.rope", exp.kernels.rope.impl), ("kernels.moe", exp.kernels.moe.impl))
+                if impl == "nki"}
+    assert claimed == expected
+    if name == "trn2_qwen3_4b_nki_rope":
+        assert claimed == {"kernels.rope": 36}
+
+
+def test_trn2_moe_is_the_reduced_30b_a3b():
+    exp, prep = plan("trn2_qwen3_30b_a3b_nki_moe")
+    arch = prep.files.arch
+    assert (arch.n_layers, arch.moe.num_experts, arch.moe.top_k, arch.dim) == (4, 64, 4, 2048)
+    assert (prep.mesh.dp_shard, prep.mesh.tp, prep.mesh.ep) == (64, 1, 1)
+    assert exp.training.compile is False  # eager, as in the walkthrough
 
 
 def test_trn2_compile_uses_the_neuron_backend(tmp_path):
@@ -144,23 +169,40 @@ def test_cpu_twin_differs_only_where_the_hardware_forces_it(name):
     assert _structure(name, "neuron") == _structure(twin_of(name), "cpu")
 
 
-@pytest.mark.slow
 # tiny_native is the default experiment: tests/test_cli.py already trains it to `completed` (12 steps).
-@pytest.mark.parametrize("twin", [t for t in TWINS if t != "tiny_native"] or [pytest.param("none", marks=pytest.mark.skip)])
-def test_cpu_twin_trains_here(twin, tmp_path):
-    run_dir = tmp_path / "run"
-    r = run_cli(f"experiment={twin}", "training.steps=3", "training.warmup_steps=1",
-                "training.seq_len=128", "training.local_batch_size=4",
-                "metrics.tensorboard=false", f"hydra.run.dir={run_dir}")
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+TRAINED_TWINS = [t for t in TWINS if t != "tiny_native"]
+
+
+@pytest.fixture(scope="module")
+def twin_runs(tmp_path_factory):
+    """Every twin trained for 3 steps through the real command line, the runs started side by side."""
+    root = tmp_path_factory.mktemp("twins")
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
+    procs = {twin: subprocess.Popen(
+        [sys.executable, "-m", "qwen3exp", f"experiment={twin}", "training.steps=3", "training.warmup_steps=1",
+         "training.seq_len=128", "training.local_batch_size=4", "metrics.tensorboard=false",
+         f"hydra.run.dir={root / twin}"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for twin in TRAINED_TWINS}
+    outputs = {twin: p.communicate(timeout=1200)[0] for twin, p in procs.items()}
+    return {twin: (root / twin, procs[twin].returncode, outputs[twin]) for twin in TRAINED_TWINS}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("twin", TRAINED_TWINS)
+def test_cpu_twin_trains_here(twin, twin_runs):
+    run_dir, code, out = twin_runs[twin]
+    assert code == 0, out[-4000:]
     summary = read_summary(run_dir)
     assert summary["status"] == "completed" and summary["steps_completed"] == 3
     # Twins keep platform=auto: here it picks the CPU, and the run records why.
-    assert summary["platform"] == "cpu"
+    assert summary["platform"] == "cpu" and summary["world_size"] == 2
     platform = json.loads((run_dir / "platform.json").read_text())
     assert platform["name"] == "cpu" and platform["reason"].startswith("platform=auto: no CUDA GPU")
     losses = [row["loss"] for row in read_metrics(run_dir)]
     assert len(losses) == 3 and all(loss > 0 for loss in losses)
-    exp, _ = plan(twin)
+    exp, prep = plan(twin)
     if exp.checkpoint.kind in ("hf_export", "hf_roundtrip"):  # the twin of an export checks it too
         assert summary["export"]["ok"] and summary["export"]["unexpected_keys"] == []
+    # the overrides really applied at run time (torchtitan's own log lines), one per layer
+    assert {o["key"]: o["applied"] for o in summary["overrides"]} == \
+        {o["key"]: len(o["nodes"]) for o in prep.overrides}
