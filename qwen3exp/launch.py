@@ -22,7 +22,7 @@ from pathlib import Path
 from qwen3exp import model_files, provenance, rundir, tracking
 from qwen3exp.errors import ConfigError, Problem
 from qwen3exp.kernels.overrides import merge_applied
-from qwen3exp.platforms import PlatformFacts, resolve
+from qwen3exp.platforms import PlatformFacts, experiment_problems, resolve
 from qwen3exp.plan import Batches, Mesh, resolve_batches, resolve_mesh
 from qwen3exp.model_files import ModelFiles
 from qwen3exp.schema import Experiment
@@ -48,8 +48,8 @@ def prepare(exp: Experiment) -> Prepared:
     from qwen3exp.kernels import overrides
 
     files = model_files.check(exp)
-    facts = resolve(exp.platform, nproc_per_node=exp.launcher.nproc_per_node)
-    problems = tracking.check(exp)
+    facts = resolve(exp.platform, nproc_per_node=exp.launcher.nproc_per_node, dry_run=exp.dry_run)
+    problems = experiment_problems(exp, facts) + tracking.check(exp)
     if problems:
         raise ConfigError(problems)
     mesh = resolve_mesh(exp, facts)
@@ -92,9 +92,11 @@ def torchrun_argv(prep: Prepared, run_dir: Path, *, node_rank: int | None = None
     return argv
 
 
-def rank_env(prep: Prepared) -> dict[str, str]:
+def rank_env(prep: Prepared, run_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(prep.facts.env)
+    # Folders the platform keeps inside the run directory (e.g. the Neuron compile cache).
+    env.update({k: str(run_dir / v) for k, v in prep.facts.run_dir_env.items()})
     # Nothing is downloaded at run time: tokenizer, data and weights are local.
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -219,7 +221,7 @@ def launch(prep: Prepared, run_dir: Path, plan=None, *, origin: provenance.Origi
         rundir.truncate_metrics(run_dir, resumed_from)
     else:
         (run_dir / rundir.METRICS).unlink(missing_ok=True)
-    env = rank_env(prep)
+    env = rank_env(prep, run_dir)
     env.update(tracking.env(prep.exp, run_dir, sweep_dir=origin.sweep_dir if origin else None))
     print(f"qwen3exp: {prep.exp.name}: {prep.mesh.world_size} rank(s) on {prep.facts.name} "
           f"({prep.facts.reason}); run directory {run_dir}"

@@ -267,7 +267,8 @@ def _section_problems(sections: dict[str, Any]) -> list[Problem]:
         problems += data_files.data_problems(sections["data"])
     if all(k in sections for k in ("parallelism", "launcher", "platform")):
         try:
-            facts = resolve(sections["platform"], nproc_per_node=sections["launcher"].nproc_per_node)
+            # The experiment as a whole is invalid, so nothing starts: plan without probing devices.
+            facts = resolve(sections["platform"], nproc_per_node=sections["launcher"].nproc_per_node, dry_run=True)
         except ConfigError as e:
             return problems + e.problems
         mesh, ps = mesh_problems(sections["parallelism"], sections["launcher"], facts)
@@ -283,7 +284,7 @@ def make_plan(exp: Experiment, run_dir: str | Path, *, overrides: list[str] | tu
     in memory is a problem, unless `exp.dry_run` (then it is a loud warning in `Plan.warnings`)."""
     from qwen3exp import data_files, model_files, tracking
     from qwen3exp.launch import Prepared, torchrun_commands
-    from qwen3exp.platforms import resolve
+    from qwen3exp.platforms import experiment_problems, resolve
 
     problems: list[Problem] = []
     try:
@@ -294,7 +295,9 @@ def make_plan(exp: Experiment, run_dir: str | Path, *, overrides: list[str] | tu
     arch = files.arch if files is not None else None
     problems += data_files.data_problems(exp.data)
     problems += tracking.check(exp)
-    facts = resolve(exp.platform, nproc_per_node=exp.launcher.nproc_per_node)
+    # A real launch checks the device here (exit 2 when it is missing); a dry run plans from tables.
+    facts = resolve(exp.platform, nproc_per_node=exp.launcher.nproc_per_node, dry_run=exp.dry_run)
+    problems += experiment_problems(exp, facts)
     mesh, ps = mesh_problems(exp.parallelism, exp.launcher, facts)
     problems += ps
     batches = None

@@ -70,6 +70,12 @@ def render(plan, provenance_diff=None) -> str:
     add(f"platform:   {f.name} ({f.reason}); backend {f.dist_backend}, attention {f.attention}, "
         f"memory per rank {_human(f.memory_per_rank_bytes)}"
         + (f", {f.devices_per_node} device(s) per node" if f.devices_per_node is not None else ""))
+    add(f"device:     {f.device_type} ({f.device_name or 'unknown'}"
+        f"{'' if f.device_checked else ', not checked: planned from the platform table'}), "
+        f"compile backend {f.compile_backend}" + (f", LNC {f.lnc}" if f.lnc else ""))
+    env = {**f.env, **{k: f"{plan.run_dir}/{v}" for k, v in f.run_dir_env.items()}}
+    if env:
+        add(f"rank env:   {' '.join(f'{k}={v}' for k, v in env.items())}")
     add(f"mesh:       {m.nnodes} node(s) x {m.nproc_per_node} ranks per node ({m.nproc_from}) = world size {m.world_size}")
     add(f"            dp_replicate {m.dp_replicate} x dp_shard {m.dp_shard} x tp {m.tp} x pp {m.pp} x cp {m.cp}"
         f" (ep {m.ep});  dp_shard: {m.dp_shard_from}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticUndefined
 
 from qwen3exp.errors import ConfigError, MISSING, Problem, did_you_mean, one_of
@@ -248,7 +248,8 @@ Checkpoint = Annotated[Union[NoCheckpoint, DcpCheckpoint, HFLoad, HFExport, HFRo
 # ------------------------------------------------------------------------------------ platform
 class AutoPlatform(_Strict):
     name: Literal["auto"] = "auto"
-    """cuda if a GPU is visible, else neuron if torch_neuronx is importable, else cpu."""
+    """cuda if a GPU is visible, else neuron if torch_neuronx is installed, else cpu (each with the
+    schema defaults of that platform; pick platform=cuda|neuron|cpu to set its keys)."""
 
 
 class CpuPlatform(_Strict):
@@ -261,7 +262,66 @@ class CpuPlatform(_Strict):
     """Memory budget per rank for planning; None: physical memory / ranks."""
 
 
-Platform = Annotated[Union[AutoPlatform, CpuPlatform], Field(discriminator="name")]
+class CudaPlatform(_Strict):
+    name: Literal["cuda"] = "cuda"
+    gpus_per_node: PosInt | None = None
+    """Ranks per node; None: the number of visible GPUs."""
+    memory_per_gpu_gib: Annotated[float, Field(gt=0)] | None = None
+    """Memory budget per rank for planning; None: the GPU's total memory."""
+    assumed_gpus_per_node: PosInt = 8
+    """Planning on a machine without a GPU (a dry run elsewhere): GPUs per node when gpus_per_node is null."""
+    assumed_memory_gib: Annotated[float, Field(gt=0)] = 80.0
+    """Planning on a machine without a GPU: memory per GPU when memory_per_gpu_gib is null."""
+
+
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# Hydra reads `+platform.runtime_env.NEURON_RT_NUM_CORES=4` as an int; environment values are text.
+EnvValue = Annotated[str, BeforeValidator(lambda v: str(v) if isinstance(v, int) and not isinstance(v, bool) else v)]
+
+
+class NeuronPlatform(_Strict):
+    name: Literal["neuron"] = "neuron"
+    lnc: Literal[1, 2] = 2
+    """Logical NeuronCore config (NEURON_LOGICAL_NC_CONFIG): physical NeuronCores per rank."""
+    instance_type: str = "trn2.48xlarge"
+    """Instance for the table values (chips, cores, HBM): used to plan without a device (dry run)
+    and to check the device count against lnc."""
+    cores_per_node: PosInt | None = None
+    """Logical NeuronCores (= ranks) per node; None: the instance table (checked against the device
+    count before a real launch)."""
+    hbm_per_core_gib: Annotated[float, Field(gt=0)] | None = None
+    """HBM per logical core for planning; None: the device's total_memory, else the instance table."""
+    compile_cache_dir: str | None = None
+    """Neuron compile cache (TORCH_NEURONX_NEFF_CACHE_DIR); None: neuron_cache/ in the run directory.
+    A shared folder reuses compiled graphs across runs."""
+    runtime_env: dict[str, EnvValue] = {}
+    """More environment variables for every rank (NEURON_RT_*, NEURON_LAUNCH_BLOCKING, ...)."""
+
+    @model_validator(mode="after")
+    def _neuron(self) -> NeuronPlatform:
+        import re
+
+        from qwen3exp.platforms.neuron_instances import INSTANCES
+
+        problems = []
+        if self.instance_type not in INSTANCES:
+            problems.append(_tagged("instance_type", self.instance_type, "unknown Neuron instance type",
+                                    one_of(INSTANCES), did_you_mean(self.instance_type, list(INSTANCES))
+                                    or "pick the closest one and set platform.cores_per_node and platform.hbm_per_core_gib"))
+        owned = {"NEURON_LOGICAL_NC_CONFIG": "platform.lnc", "TORCH_NEURONX_NEFF_CACHE_DIR": "platform.compile_cache_dir"}
+        for key in self.runtime_env:
+            if not re.match(_ENV_NAME, key):
+                problems.append(_tagged(f"platform.runtime_env.{key}", self.runtime_env[key], "not an environment variable name",
+                                        "letters, digits and _ (not starting with a digit)"))
+            elif key in owned:
+                problems.append(_tagged(f"platform.runtime_env.{key}", self.runtime_env[key], f"is set by {owned[key]}",
+                                        hint=f"set {owned[key]} instead"))
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+
+Platform = Annotated[Union[AutoPlatform, CpuPlatform, CudaPlatform, NeuronPlatform], Field(discriminator="name")]
 
 
 # ---------------------------------------------------------------------------------------- data

@@ -39,7 +39,7 @@ def data_path(exp: Experiment) -> Path:
 def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
     from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
     from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
-    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+    from torchtitan.config import CommConfig, CompileConfig, ParallelismConfig, TrainingConfig
     from torchtitan.config.override import OverrideConfig
     from torchtitan.config.configs import DebugConfig
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
@@ -117,6 +117,8 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
         checkpoint=checkpoint_config(exp),
         activation_checkpoint=ac,
         compile=CompileConfig(enable=t.compile, backend=facts.compile_backend),
+        comm=(CommConfig(init_timeout_seconds=facts.comm_init_timeout_s) if facts.comm_init_timeout_s
+              else CommConfig()),
         debug=DebugConfig(seed=t.seed, deterministic=t.deterministic),
         loss=ChunkedLossWrapper.Config(
             loss_fn=CrossEntropyLoss.Config(global_vocab_size=arch.vocab_size)),

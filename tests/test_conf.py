@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import all_conf_files, compose
+from conftest import CONF, all_conf_files, compose
+from trn2_assets import overrides_for
 from qwen3exp.assets import CORPUS_DIR
 
 # group/option -> extra overrides that a real user would have to give on the command line.
@@ -19,6 +20,13 @@ REQUIRED: dict[str, list[str]] = {
     "checkpoint/hf_load": ["model.flavor=auto", "model.hf_assets_path={hf_checkpoint}"],
     "checkpoint/hf_roundtrip": ["model.flavor=auto", "model.hf_assets_path={hf_checkpoint}"],
     "kernels/nki_moe": ["model.flavor=tiny_moe"],  # replaces MoE experts: an MoE model is required
+    # No Trainium or GPU here: a real launch would (rightly) stop at the device preflight, exit 2;
+    # a dry run plans with the platform's table values and still converts.
+    "platform/neuron": ["dry_run=true"],
+    "platform/cuda": ["dry_run=true"],
+    # trn2 experiments also name a published model folder: a stand-in with its config.json,
+    # tokenizer and (header-complete, sparse) safetensors, see tests/trn2_assets.py.
+    **{f"experiment/{p.stem}": overrides_for(p.stem) for p in CONF.glob("experiment/trn2_*.yaml")},
 }
 
 
