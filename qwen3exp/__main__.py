@@ -1,5 +1,3 @@
-import sys
+from qwen3exp.cli import entry
 
-from qwen3exp.cli import main
-
-sys.exit(main())
+entry()

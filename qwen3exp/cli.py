@@ -10,6 +10,9 @@
    `failed` and the sweep goes on; at the end a summary table is printed and the report files are
    written into the sweep directory. Exit code: 0 all completed, 1 a job failed or did not run,
    130/143 stopped by Ctrl-C/SIGTERM.
+4. With `launcher=slurm` Hydra's submitit launcher runs the same jobs as SLURM jobs (a run is a
+   one-job sweep whose job directory is the run directory); the outcome is read back from the
+   jobs' summaries, and Ctrl-C while waiting cancels the jobs (`qwen3exp.slurm`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import TYPE_CHECKING
 from qwen3exp import rundir, sweep
 from qwen3exp.compose import Composer, Invocation, parse_argv, shown, sweep_points
 from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError, Problem
-from qwen3exp.schema import Experiment
+from qwen3exp.schema import Experiment, SlurmLauncher
 
 if TYPE_CHECKING:
     from qwen3exp.plan import Plan
@@ -95,7 +98,9 @@ def rerun_problem(exp: Experiment, run_dir: Path) -> Problem | None:
     """A directory that holds a run is never overwritten. The one exception is resuming: with
     checkpoint=dcp and the identical resolved experiment (same experiment.yaml content hash) the
     run continues from its latest checkpoint. None: the rerun may go ahead."""
-    new = rundir.experiment_yaml(exp.model_dump(mode="json"))
+    from qwen3exp.launch import run_experiment
+
+    new = rundir.experiment_yaml(run_experiment(exp).model_dump(mode="json"))
     try:
         old = (run_dir / rundir.EXPERIMENT).read_text()
     except OSError:
@@ -222,7 +227,9 @@ def _task(cfg) -> None:
         traceback.print_exc()
         summary = _record_failure(run_dir, exp, 1, f"launcher: {type(e).__name__}: {e}", time.monotonic() - started)
     _results.append({"run_dir": str(run_dir), **summary})
-    if summary.get("status") == "interrupted":
+    # An interrupted local run stops here (and stops a local sweep). A SLURM job returns normally
+    # so that submitit records its result: the submit host reads the status from summary.json.
+    if summary.get("status") == "interrupted" and not isinstance(exp.launcher, SlurmLauncher):
         raise SystemExit(summary["exit_code"])
 
 
@@ -281,6 +288,7 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None) -> 
         return 0
     try:
         points = preflight(inv)
+        slurm = _slurm_points(points)
         jobs = sweep.plan(points, Path(inv.output_dir)) if inv.multirun else None
     except ConfigError as e:
         print(e.render(), file=sys.stderr)
@@ -294,13 +302,15 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None) -> 
     _points.clear()
     _points.update({p.task_key: p for p in points})
     if inv.multirun:
-        return _multirun(inv, jobs, command)
+        return _multirun(inv, jobs, command, slurm=slurm)
     run_dir = Path(points[0].run_dir)
-    if rundir.looks_like_run(run_dir):
+    if rundir.looks_like_run(run_dir) and not _joins(points[0].exp, run_dir):
         problem = rerun_problem(points[0].exp, run_dir)
         if problem is not None:
             print(ConfigError([problem]).render(), file=sys.stderr)
             return EXIT_CONFIG_ERROR
+    if slurm:
+        return _submit_run(inv, run_dir)
     _results.clear()
     _run_hydra(inv, [f"hydra.run.dir={sweep.quote_value(str(run_dir))}"])
     if not _results:
@@ -316,16 +326,81 @@ def _on_sigterm(_signum, _frame):
     raise _Terminated()
 
 
-def _multirun(inv: Invocation, jobs: list, command: list[str]) -> int:
-    """Run the sweep through Hydra; whatever happens, end with the summary table."""
+def _joins(exp: Experiment, run_dir: Path) -> bool:
+    from qwen3exp.launch import may_join
+
+    return may_join(exp, run_dir)
+
+
+def _slurm_points(points) -> bool:
+    """launcher=slurm: Hydra's submitit launcher runs the jobs. It is set up once per sweep, so
+    every point must agree on the launcher section (a sweep over SLURM resources would silently
+    submit every job with the first point's resources)."""
+    launchers = [p.exp.launcher for p in points]
+    slurm = [isinstance(la, SlurmLauncher) for la in launchers]
+    if not any(slurm):
+        return False
+    if not all(slurm) or any(la != launchers[0] for la in launchers):
+        raise ConfigError([Problem("launcher", "differs between sweep points",
+                                   "a sweep is submitted through one Hydra launcher with one set of SLURM resources",
+                                   "the same launcher section for every point",
+                                   "run one sweep per launcher setting")])
+    return True
+
+
+def _submit_run(inv: Invocation, run_dir: Path) -> int:
+    """launcher=slurm, one run: a one-job sweep whose job directory is the run directory. The
+    outcome is the job's summary.json; Ctrl-C while waiting cancels the job."""
+    from qwen3exp import slurm
+
+    print(f"qwen3exp: submitting a SLURM job through hydra-submitit-launcher; run directory {run_dir}", flush=True)
+    started = time.time()
+    stopped = None
+    try:
+        _run_hydra(replace(inv, multirun=True), [*slurm.hydra_overrides(),
+                                                 f"hydra.sweep.dir={sweep.quote_value(str(run_dir))}",
+                                                 "hydra.sweep.subdir=."])
+    except KeyboardInterrupt:
+        stopped = 130
+    except SystemExit as e:  # Hydra gave up on a failed job; its summary tells what happened
+        print(f"qwen3exp: hydra-submitit-launcher exited with {e.code}", file=sys.stderr)
+    if stopped:
+        _cancel(run_dir)
+    summary = rundir.read_json(run_dir / rundir.SUMMARY)
+    if not isinstance(summary, dict) or (run_dir / rundir.SUMMARY).stat().st_mtime < started - 1:
+        print(f"qwen3exp: the SLURM job wrote no summary (job logs: {run_dir / '.submitit'})", file=sys.stderr)
+        return stopped or 1
+    error = summary.get("error")
+    print(f"qwen3exp: {summary.get('status')}: {run_dir}" + (f"\n  error: {error}" if error else ""), flush=True)
+    return stopped or int(summary.get("exit_code", 1))
+
+
+def _cancel(sweep_dir: Path) -> None:
+    """Ctrl-C or SIGTERM while waiting for SLURM jobs: cancel them and wait until they have ended
+    (their launchers record the runs as interrupted)."""
+    from qwen3exp import slurm
+
+    jobs = slurm.cancel_submitted(sweep_dir)
+    print(f"qwen3exp: cancelled SLURM job(s) {', '.join(jobs) or '(none found)'}", file=sys.stderr, flush=True)
+    slurm.wait_gone(jobs, timeout_s=60)
+
+
+def _multirun(inv: Invocation, jobs: list, command: list[str], *, slurm: bool = False) -> int:
+    """Run the sweep through Hydra (launcher=slurm: as a SLURM job array); whatever happens, end
+    with the summary table."""
     sweep_dir = Path(inv.output_dir)
     print(f"  to resume this sweep later, run: {sweep.resume_command(command, sweep_dir)}", flush=True)
     _results.clear()
     stopped = None
+    extra = [f"hydra.sweep.dir={sweep.quote_value(str(sweep_dir))}"]
+    if slurm:
+        from qwen3exp import slurm as slurm_
+
+        extra = [*slurm_.hydra_overrides(), *extra]
     old = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        _run_hydra(inv, [f"hydra.sweep.dir={sweep.quote_value(str(sweep_dir))}"])
-    except KeyboardInterrupt:  # Ctrl-C between two jobs
+        _run_hydra(inv, extra)
+    except KeyboardInterrupt:  # Ctrl-C between two jobs (launcher=slurm: while waiting for them)
         stopped = 130
     except _Terminated:
         stopped = 143
@@ -336,8 +411,29 @@ def _multirun(inv: Invocation, jobs: list, command: list[str]) -> int:
             print(f"qwen3exp: the sweep stopped early (exit {e.code})", file=sys.stderr)
     finally:
         signal.signal(signal.SIGTERM, old)
+    if slurm and stopped:
+        _cancel(sweep_dir)
     return sweep.finish(jobs, sweep_dir, command, stopped=stopped)
 
 
+def entry() -> None:
+    """`python -m qwen3exp` and the `qwen3exp` script: main(), then a prompt exit. Everything a run
+    writes is already on disk (atomic, fsynced), and the interpreter's own teardown of torch and
+    torchtitan (imported to build the config) took 5-11 s on a loaded 2-core machine: long enough
+    to turn a Ctrl-C that stopped every rank in 2 s into a launcher that lingers."""
+    import logging
+
+    try:
+        code = main()
+    except SystemExit as e:  # Hydra jobs end with SystemExit (interrupted runs: 130 / 143)
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except KeyboardInterrupt:
+        code = 130
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -12,6 +12,7 @@ to `plan.json` in its run directory.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,8 @@ class Plan:
     kernel_overrides: list[tuple[str, int]]
     checkpoint: CheckpointVerdict
     commands: list[list[str]]
+    launch_notes: list[str] = field(default_factory=list)
+    """How the commands start: the sbatch options (launcher=slurm), the per-node launchers."""
     provenance: list[tuple[str, Any, Any]] = field(default_factory=list)
     """(key, value, source) for every key of the experiment (empty when not computed)."""
     warnings: list[str] = field(default_factory=list)
@@ -104,6 +107,7 @@ class Plan:
             "kernel_overrides": [{"name": n, "nodes": c} for n, c in self.kernel_overrides],
             "checkpoint": asdict(self.checkpoint),
             "commands": [shlex.join(c) for c in self.commands],
+            "launch_notes": self.launch_notes,
             "provenance": {k: {"value": v, "source": str(s)} for k, v, s in self.provenance},
             "warnings": self.warnings,
         }
@@ -282,7 +286,7 @@ def make_plan(exp: Experiment, run_dir: str | Path, *, overrides: list[str] | tu
               provenance=None, job_num: int | None = None) -> Plan:
     """Resolve and check everything; raise ConfigError naming every problem. A plan that does not fit
     in memory is a problem, unless `exp.dry_run` (then it is a loud warning in `Plan.warnings`)."""
-    from qwen3exp import data_files, model_files, tracking
+    from qwen3exp import data_files, model_files, placement, tracking
     from qwen3exp.launch import Prepared, torchrun_commands
     from qwen3exp.platforms import experiment_problems, resolve
 
@@ -310,7 +314,12 @@ def make_plan(exp: Experiment, run_dir: str | Path, *, overrides: list[str] | tu
             claims = kernel_claims(exp, facts, mesh, batches, files)
         except ConfigError as e:
             problems += e.problems
-    if problems or arch is None or mesh is None or batches is None:
+    try:
+        where = placement.resolve(exp, os.environ)
+    except ConfigError as e:
+        problems += e.problems
+        where = None
+    if problems or arch is None or mesh is None or batches is None or where is None:
         raise ConfigError(problems)
 
     warnings: list[str] = []
@@ -334,12 +343,12 @@ def make_plan(exp: Experiment, run_dir: str | Path, *, overrides: list[str] | tu
         problems.append(Problem("checkpoint", exp.checkpoint.kind, verdict.detail, "a checkpoint of this architecture"))
     if problems:
         raise ConfigError(problems)
-    prep = Prepared(exp, facts, mesh, batches, files)
+    prep = Prepared(exp, facts, mesh, batches, files, where)
     return Plan(
         name=exp.name, run_dir=str(run_dir), overrides=list(overrides), platform=facts, mesh=mesh,
         batches=batches, arch=arch, parameters=params, memory=mem,
         kernel_overrides=[(f"{c['key']} -> {c['target']}", len(c["nodes"])) for c in claims], checkpoint=verdict,
-        commands=torchrun_commands(prep, Path(run_dir)),
+        commands=torchrun_commands(prep, Path(run_dir)), launch_notes=placement.notes(exp, where),
         provenance=provenance.table(exp.model_dump(mode="json")) if provenance is not None else [],
         warnings=warnings)
 

@@ -120,6 +120,8 @@ def render(plan, provenance_diff=None) -> str:
     c = plan.checkpoint
     word = {True: "compatible: ", False: "INCOMPATIBLE: ", None: ""}[c.compatible]
     add(f"checkpoint: {word}{c.detail}")
+    for note in plan.launch_notes:
+        add(f"launch:     {note}")
     for i, cmd in enumerate(plan.commands):
         label = "command:   " if len(plan.commands) == 1 else f"node {i}:    "
         add(f"{label} {shlex.join(cmd)}")

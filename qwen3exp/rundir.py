@@ -97,7 +97,8 @@ def sha256(text: str) -> str:
 
 def latest_checkpoint_step(run_dir: Path) -> int | None:
     """The newest complete DCP checkpoint `checkpoint/step-N` (with .metadata), as torchtitan
-    resumes from it; None when there is none."""
+    resumes from it; None when there is none. DCP writes `.metadata` last (temporary name, fsync,
+    rename), so a save cut short by a kill is never taken for a checkpoint."""
     steps = [int(m.group(1)) for p in (run_dir / CHECKPOINT).glob("step-*")
              if (m := re.fullmatch(r"step-(\d+)", p.name)) and (p / ".metadata").is_file()]
     return max(steps) if steps else None

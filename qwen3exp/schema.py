@@ -343,29 +343,87 @@ Data = Annotated[Union[BundledData, LocalData], Field(discriminator="source")]
 
 # ------------------------------------------------------------------------------------ launcher
 class LocalLauncher(_Strict):
+    """torchrun on this machine; with nnodes > 1, one such launcher per node."""
+
     kind: Literal["local"] = "local"
     nnodes: PosInt = 1
     nproc_per_node: PosInt | None = None
     """Ranks per node; None: the platform decides (cpu: platform.ranks_per_node)."""
-    node_rank: NonNegInt = 0
+    node_rank: NonNegInt | None = None
+    """This node's index (0 writes summary.json); None: 0 on one node, else SLURM_NODEID from the
+    environment (a launcher started by srun)."""
     rdzv_endpoint: str | None = None
-    """host:port of the c10d rendezvous; required when nnodes > 1."""
+    """host:port of the c10d rendezvous (on one node of the job); required when nnodes > 1."""
     max_restarts: NonNegInt = 0
-    stop_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    """torchrun restarts of all ranks after a rank fails."""
+    stop_timeout_s: Annotated[float, Field(gt=0)] = 5.0
     """After Ctrl-C/SIGTERM, seconds to wait for the ranks before killing them."""
 
     @model_validator(mode="after")
     def _multinode(self) -> LocalLauncher:
         if self.nnodes > 1 and not self.rdzv_endpoint:
             raise ValueError(_tagged("rdzv_endpoint", None, f"nnodes={self.nnodes} needs a rendezvous endpoint",
-                                     "host:port reachable from every node"))
-        if self.node_rank >= self.nnodes:
+                                     "host:port reachable from every node",
+                                     "e.g. launcher.rdzv_endpoint=node0:29500 on every node"))
+        if self.rdzv_endpoint is not None:
+            host, _, port = self.rdzv_endpoint.rpartition(":")
+            if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+                raise ValueError(_tagged("rdzv_endpoint", self.rdzv_endpoint, "not a host:port", "host:port",
+                                         "e.g. 127.0.0.1:29500"))
+        if self.node_rank is not None and self.node_rank >= self.nnodes:
             raise ValueError(_tagged("node_rank", self.node_rank, f"must be below nnodes ({self.nnodes})",
                                      f"0..{self.nnodes - 1}"))
         return self
 
 
-Launcher = Annotated[Union[LocalLauncher], Field(discriminator="kind")]
+SbatchValue = Union[str, int, bool]
+
+
+class SlurmLauncher(_Strict):
+    """One SLURM job per run (a job array per sweep) through hydra-submitit-launcher; inside the
+    job, srun starts one torchrun agent per node with a c10d rendezvous on the first node."""
+
+    kind: Literal["slurm"] = "slurm"
+    nnodes: PosInt = 1
+    """Nodes per job (sbatch --nodes)."""
+    nproc_per_node: PosInt | None = None
+    """Ranks per node; None: the platform decides (cpu: platform.ranks_per_node)."""
+    cpus_per_node: PosInt | None = None
+    """CPU cores requested per node (the node's one task: sbatch --cpus-per-task); None: the
+    cluster's default."""
+    mem_gb: PosInt | None = None
+    """Memory per node (sbatch --mem); None: the cluster's default."""
+    gpus_per_node: NonNegInt | None = None
+    """GPUs per node (sbatch --gpus-per-node); None: none requested."""
+    partition: str | None = None
+    """sbatch --partition; None: the cluster's default partition."""
+    account: str | None = None
+    """sbatch --account."""
+    time_limit_min: PosInt = 60
+    """sbatch --time, in minutes."""
+    additional_parameters: dict[str, SbatchValue] = {}
+    """More sbatch options, e.g. {exclusive: true, qos: high, constraint: trn2}."""
+    setup: list[str] = []
+    """Shell lines the job runs before Python starts (module load ..., source ...)."""
+    array_parallelism: PosInt = 256
+    """Sweep jobs (array tasks) allowed to run at once."""
+    srun: bool | None = None
+    """How the torchrun agents start in the job. None: torchrun directly on one node, srun (one
+    agent per node) when nnodes > 1; true: srun also on one node."""
+    max_restarts: NonNegInt = 0
+    """torchrun restarts of all ranks after a rank fails."""
+    stop_timeout_s: Annotated[float, Field(gt=0)] = 5.0
+    """After scancel/SIGTERM, seconds to wait for the ranks before killing them."""
+
+    @model_validator(mode="after")
+    def _agents(self) -> SlurmLauncher:
+        if self.srun is False and self.nnodes > 1:
+            raise ValueError(_tagged("srun", False, f"nnodes={self.nnodes} needs srun to start one agent per node",
+                                     "null or true"))
+        return self
+
+
+Launcher = Annotated[Union[LocalLauncher, SlurmLauncher], Field(discriminator="kind")]
 
 
 # ------------------------------------------------------------------------------------- metrics

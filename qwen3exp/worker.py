@@ -1,21 +1,24 @@
 """Runs in every rank under torchrun: `python -m qwen3exp.worker RUN_DIR`.
 
-Order matters: read the resolved files, prepare the platform (before the first torchtitan import:
-torchtitan binds the device type at import), rebuild `Trainer.Config`, train. Hydra never runs here.
-A failure writes `logs/error_rank<R>.json` (rank, type, message, traceback) so the launcher can
-report the rank's own error instead of torchrun's wrapper text.
+Order matters: die with torchrun (a rank must never outlive its agent), read the resolved files,
+prepare the platform (before the first torchtitan import: torchtitan binds the device type at
+import), rebuild `Trainer.Config`, train. Hydra never runs here. A failure writes
+`logs/error_rank<R>.json` (rank, type, message, traceback) at once, before any cleanup, so the
+launcher reports the rank's own error instead of torchrun's wrapper text. The fault-injection test
+hooks (`qwen3exp.faults`) are read here.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 import traceback
 from pathlib import Path
 
-from qwen3exp import rundir
+from qwen3exp import faults, procs, rundir
 from qwen3exp.platforms import PlatformFacts, prepare_worker
 
 
@@ -41,6 +44,7 @@ def _write_error(run_dir: Path, exc: BaseException) -> None:
 
 
 def train(run_dir: Path) -> None:
+    injected = faults.from_env(os.environ)
     exp, facts = load_run(run_dir)
     prepare_worker(facts)
 
@@ -52,29 +56,40 @@ def train(run_dir: Path) -> None:
 
     init_logger()
     config = to_torchtitan(exp, facts, run_dir)
-    trainer = None
-    try:
-        # torchtitan applies the overrides while building; keep its [Override] lines as a record.
-        with overrides.record_applied(run_dir, write=int(os.environ.get("RANK", "0")) == 0):
-            trainer = config.build()
-        trainer.train()
-    finally:
-        if trainer is not None:
-            trainer.close()
+    # torchtitan applies the overrides while building; keep its [Override] lines as a record.
+    with overrides.record_applied(run_dir, write=int(os.environ.get("RANK", "0")) == 0):
+        trainer = config.build()
+    faults.install(trainer, injected, int(os.environ.get("RANK", "0")))
+    trainer.train()
+    trainer.close()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
 
+def _fail_fast(run_dir: Path, exc: BaseException) -> None:
+    """Record the error, then exit at once: the other ranks wait for this one in a collective, and
+    torchrun stops them only when this process is gone (a normal interpreter shutdown with live
+    process groups and dataloader threads took seconds here)."""
+    try:
+        _write_error(run_dir, exc)
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    # SIGKILL when torchrun dies, however it dies: no rank outlives its agent.
+    procs.die_with_parent(signal.SIGKILL)
     run_dir = Path(argv[0]).resolve()
     try:
         train(run_dir)
     except KeyboardInterrupt:
         raise SystemExit(130)
-    except BaseException as e:
-        _write_error(run_dir, e)
-        raise
+    except Exception as e:
+        _fail_fast(run_dir, e)
 
 
 if __name__ == "__main__":

@@ -54,3 +54,17 @@ def all_conf_files() -> list[tuple[str, str]]:
 @pytest.fixture
 def run_dir(tmp_path) -> Path:
     return tmp_path / "run"
+
+
+@pytest.fixture(scope="session")
+def reference_losses(tmp_path_factory) -> list[float]:
+    """The losses of an uninterrupted `runprocs.TINY` run on one node with 2 ranks, trained once
+    and shared by the multi-node, fault and resume tests (each compares its own run with these)."""
+    from runprocs import TINY
+
+    run = tmp_path_factory.mktemp("reference") / "run"
+    r = run_cli(*TINY, "launcher.nproc_per_node=2", f"hydra.run.dir={run}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    losses = [row["loss"] for row in read_metrics(run)]
+    assert len(losses) == 6
+    return losses

@@ -1,0 +1,111 @@
+"""Process supervision (Linux): no rank outlives its launcher, whatever kills whom.
+
+torchrun starts every rank in a session of its own, so signals sent to torchrun's process group do
+not reach the ranks, and ranks whose torchrun died are re-parented away from the launcher. Three
+kernel features close these gaps:
+- `become_subreaper()` (PR_SET_CHILD_SUBREAPER): orphaned descendants are re-parented to the
+  launcher instead of init, so `descendants()` still finds them and the launcher can kill them.
+- `die_with_parent(sig)` (PR_SET_PDEATHSIG): the kernel signals this process when its parent dies,
+  even when the parent was SIGKILLed and had no chance to clean up. torchrun gets SIGTERM when the
+  launcher dies (it then stops its ranks), each rank gets SIGKILL when torchrun dies.
+- /proc: `descendants(pid)` walks the parent links; `processes_mentioning(text)` finds the
+  processes whose command line names a run directory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, arg: int) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, arg, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False  # not Linux: best effort only
+
+
+def become_subreaper() -> bool:
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def die_with_parent(sig: int, parent: int | None = None) -> None:
+    """Ask the kernel for `sig` when the parent dies. `parent`: the expected parent pid; if it is
+    already gone (the race between fork and prctl), signal ourselves now."""
+    _prctl(_PR_SET_PDEATHSIG, int(sig))
+    if parent is not None and os.getppid() != parent:
+        os.kill(os.getpid(), sig)
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    fields = stat[stat.rindex(")") + 2:].split()
+    return int(fields[1]) if fields[0] != "Z" else None
+
+
+def _pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live (non-zombie) process below `pid`."""
+    children: dict[int, list[int]] = {}
+    for p in _pids():
+        parent = _ppid(p)
+        if parent is not None:
+            children.setdefault(parent, []).append(p)
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def processes_mentioning(*texts: str, exclude: set[int] = frozenset()) -> list[int]:
+    """Live processes whose command line contains every one of `texts` (e.g. a run directory)."""
+    return [p for p in _pids()
+            if p not in exclude and _ppid(p) is not None and all(t in cmdline(p) for t in texts)]
+
+
+def signal_all(pids: list[int], sig: int) -> None:
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def kill_tree(pid: int, *, exclude: set[int] = frozenset()) -> list[int]:
+    """SIGKILL every descendant of `pid` (not `pid` itself, not `exclude`); returns the pids
+    killed. Those that had become our children (orphans re-parented to a subreaper) are reaped."""
+    killed: list[int] = []
+    for _ in range(3):  # a dying process may still fork; a few rounds catch stragglers
+        left = [p for p in descendants(pid) if p not in killed and p not in exclude]
+        if not left:
+            break
+        signal_all(left, signal.SIGKILL)
+        killed += left
+    for p in killed:
+        try:
+            os.waitpid(p, 0)
+        except ChildProcessError:
+            pass  # not our child: its own parent reaps it
+    return killed

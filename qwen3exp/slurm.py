@@ -1,0 +1,126 @@
+"""SLURM through hydra-submitit-launcher (`launcher=slurm`).
+
+Submitting (the command line, on the submit host): `hydra_overrides()` selects Hydra's
+`submitit_slurm` launcher and points its parameters at the validated `launcher` section. Hydra then
+submits one job per run (a job array for a sweep), and each job runs `qwen3exp.cli._task`, the same
+function a local run calls, once, on the first node of its allocation (`use_srun=false`: submitit
+would otherwise run it once per SLURM task). The run directory must be on a shared file system.
+
+In the job (`placement()`): with one node torchrun starts directly; with several, `_task` starts
+`srun` with one torchrun agent per node and a c10d rendezvous on a free port of the first node
+(where `_task` runs). `--kill-on-bad-exit` ends every node's agent when one fails. Hydra never runs
+on the other nodes or in the ranks.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+from qwen3exp.errors import ConfigError, Problem
+from qwen3exp.placement import STANDALONE_ENDPOINT, STANDALONE_ID, Placement
+from qwen3exp.schema import Experiment, SlurmLauncher
+
+
+def hydra_overrides() -> list[str]:
+    """Hydra overrides for a launcher=slurm run or sweep. The values are interpolations of the
+    validated `launcher` section, so nothing is quoted twice and every default stays in conf/."""
+    return [
+        "hydra/launcher=submitit_slurm",
+        # _task runs once, on the first node, and starts srun itself (see the module docstring).
+        "+hydra.launcher.use_srun=false",
+        "hydra.launcher.nodes=${launcher.nnodes}",
+        "hydra.launcher.tasks_per_node=1",
+        "hydra.launcher.cpus_per_task=${launcher.cpus_per_node}",
+        "hydra.launcher.mem_gb=${launcher.mem_gb}",
+        "hydra.launcher.gpus_per_node=${launcher.gpus_per_node}",
+        "hydra.launcher.partition=${launcher.partition}",
+        "hydra.launcher.account=${launcher.account}",
+        "hydra.launcher.timeout_min=${launcher.time_limit_min}",
+        "hydra.launcher.additional_parameters=${launcher.additional_parameters}",
+        "hydra.launcher.setup=${launcher.setup}",
+        "hydra.launcher.array_parallelism=${launcher.array_parallelism}",
+        "hydra.launcher.name=${name}",
+    ]
+
+
+def sbatch_flags(la: SlurmLauncher) -> list[str]:
+    """The sbatch options the job is submitted with (for the plan)."""
+    flags = [f"--nodes={la.nnodes}", "--ntasks-per-node=1", f"--time={la.time_limit_min}"]
+    for flag, value in (("cpus-per-task", la.cpus_per_node), ("mem", f"{la.mem_gb}GB" if la.mem_gb else None),
+                        ("gpus-per-node", la.gpus_per_node), ("partition", la.partition),
+                        ("account", la.account)):
+        if value is not None:
+            flags.append(f"--{flag}={value}")
+    for key, value in la.additional_parameters.items():
+        flags.append(f"--{key.replace('_', '-')}" + ("" if value is True else f"={value}"))
+    return flags
+
+
+def uses_srun(la: SlurmLauncher) -> bool:
+    return la.srun if la.srun is not None else la.nnodes > 1
+
+
+def srun_prefix(la: SlurmLauncher) -> tuple[str, ...]:
+    # Since SLURM 22.05 srun no longer inherits --cpus-per-task from the job: pass it again.
+    cpus = (f"--cpus-per-task={la.cpus_per_node}",) if la.cpus_per_node else ()
+    return ("srun", f"--nodes={la.nnodes}", "--ntasks-per-node=1", *cpus, "--kill-on-bad-exit=1")
+
+
+def placement(exp: Experiment, la: SlurmLauncher, env: Mapping[str, str]) -> Placement:
+    prefix = srun_prefix(la) if uses_srun(la) else ()
+    if "SLURM_JOB_ID" not in env:  # planning on the submit host: decided in the job
+        if not prefix:
+            return Placement(1, 0, STANDALONE_ENDPOINT, STANDALONE_ID, "in the SLURM job: torchrun on the one node")
+        return Placement(la.nnodes, 0, "<first node>:<free port>", "<SLURM job id>",
+                         "in the SLURM job: srun starts one agent per node, rendezvous on the first node",
+                         agent_prefix=prefix)
+    nodes = int(env.get("SLURM_JOB_NUM_NODES", env.get("SLURM_NNODES", "1")))
+    if nodes != la.nnodes:
+        raise ConfigError([Problem("launcher.nnodes", la.nnodes,
+                                   f"the SLURM job {env['SLURM_JOB_ID']} has {nodes} node(s)",
+                                   str(nodes), "submit with launcher=slurm, or set launcher.nnodes to the allocation")])
+    node_rank = int(env.get("SLURM_NODEID", "0"))
+    if not prefix:
+        return Placement(1, node_rank, STANDALONE_ENDPOINT, STANDALONE_ID, "SLURM job, one node")
+    first = hostnames(env["SLURM_JOB_NODELIST"])[0]
+    return Placement(la.nnodes, node_rank, f"{first}:{free_port()}", env["SLURM_JOB_ID"],
+                     f"SLURM job {env['SLURM_JOB_ID']}: srun, rendezvous on {first}", agent_prefix=prefix)
+
+
+def cancel_submitted(sweep_dir: Path) -> list[str]:
+    """scancel the jobs submitit submitted for this run or sweep (their folders under .submitit/
+    are named after the job ids, array tasks as <array>_<task>); returns the job ids."""
+    folder = sweep_dir / ".submitit"
+    jobs = sorted({p.name.split("_")[0] for p in folder.iterdir() if p.is_dir()} if folder.is_dir() else set())
+    jobs = [j for j in jobs if j.isdigit()]
+    if jobs:
+        subprocess.run(["scancel", *jobs], check=False)
+    return jobs
+
+
+def wait_gone(jobs: list[str], *, timeout_s: float) -> None:
+    """Wait until SLURM no longer lists the jobs (their launchers have written their summaries)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while jobs and time.monotonic() < deadline:
+        out = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(jobs)], capture_output=True, text=True)
+        if out.returncode != 0 or not out.stdout.strip():
+            return
+        time.sleep(0.5)
+
+
+def hostnames(nodelist: str) -> list[str]:
+    """SLURM's compressed node list (node[01-04],gpu7) expanded by SLURM itself."""
+    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def free_port() -> int:
+    """A free TCP port on this host (the first node of the job, where the rendezvous store runs)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,91 @@
+"""Helpers for the process-level tests: start the real command line in the background, wait for a
+condition, and list the processes that belong to a run (by scanning /proc independently of
+qwen3exp's own supervision code)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import REPO
+
+# A few steps of the tiny model on 2 CPU ranks; one intra-op thread per rank everywhere, so that
+# runs with different rank layouts compute in the same order. (conftest.py's `reference_losses`
+# trains exactly these settings once per session.)
+TINY = ("platform=cpu", "platform.threads_per_rank=1", "training.steps=6", "training.warmup_steps=1",
+        "training.seq_len=64", "training.local_batch_size=2", "metrics.tensorboard=false")
+
+
+def env_with(**extra: str) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.update(extra)
+    return env
+
+
+def start_cli(*args: str, log: Path, **env: str) -> subprocess.Popen:
+    """`python -m qwen3exp ARGS` in the background, output to `log`."""
+    return subprocess.Popen([sys.executable, "-m", "qwen3exp", *args], cwd=REPO, env=env_with(**env),
+                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def wait_for(condition, *, proc: subprocess.Popen | None = None, timeout: float = 300, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the launcher exited ({proc.returncode}) while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def metric_rows(run_dir: Path) -> int:
+    try:
+        return sum(1 for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.endswith("}"))
+    except OSError:
+        return 0
+
+
+def run_processes(run_dir: Path) -> list[str]:
+    """'pid: command line' of every live process whose command line names the run directory."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(run_dir) in cmd and state != "Z":
+            out.append(f"{pid}: {cmd[:200]}")
+    return out
+
+
+def assert_no_survivors(run_dir: Path, grace: float = 5.0) -> None:
+    """No process of the run may be left (a little grace for the kernel to deliver SIGKILLs)."""
+    deadline = time.monotonic() + grace
+    while (left := run_processes(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, "processes of the run survived:\n" + "\n".join(left)
+
+
+def kill_leftovers(run_dir: Path) -> None:
+    """Test cleanup only: never leave a broken run's processes on the machine."""
+    for line in run_processes(run_dir):
+        try:
+            os.kill(int(line.split(":")[0]), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
