@@ -57,6 +57,8 @@ def _local(exp: Experiment, la: LocalLauncher, env: Mapping[str, str]) -> Placem
         node_rank, how = 0, "one node"
     elif "SLURM_NODEID" in env:
         node_rank, how = int(env["SLURM_NODEID"]), "SLURM_NODEID from the environment"
+    elif exp.dry_run:  # planning: every node's command is shown; a real launch needs the rank
+        node_rank, how = 0, "launcher.node_rank not set: required when the run starts"
     else:
         raise ConfigError([Problem("launcher.node_rank", None,
                                    f"nnodes={la.nnodes} needs this node's rank and SLURM_NODEID is not set",
@@ -79,7 +81,7 @@ def notes(exp: Experiment, where: Placement) -> list[str]:
             from qwen3exp import slurm
 
             return [f"sbatch {' '.join(slurm.sbatch_flags(la))} through hydra-submitit-launcher (a sweep: a job "
-                    f"array); in the job, on its first node: {where.how}"]
+                    f"array); the job runs on its first node and then: {where.how}"]
         case LocalLauncher() if where.nnodes > 1:
             return [f"this is node {where.node_rank} of {where.nnodes} ({where.how}); c10d rendezvous at "
                     f"{where.rdzv_endpoint}", f"other nodes: {where.per_node_hint}"]

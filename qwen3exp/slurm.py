@@ -14,6 +14,7 @@ on the other nodes or in the ranks.
 
 from __future__ import annotations
 
+import functools
 import socket
 import subprocess
 from collections.abc import Mapping
@@ -73,9 +74,9 @@ def placement(exp: Experiment, la: SlurmLauncher, env: Mapping[str, str]) -> Pla
     prefix = srun_prefix(la) if uses_srun(la) else ()
     if "SLURM_JOB_ID" not in env:  # planning on the submit host: decided in the job
         if not prefix:
-            return Placement(1, 0, STANDALONE_ENDPOINT, STANDALONE_ID, "in the SLURM job: torchrun on the one node")
+            return Placement(1, 0, STANDALONE_ENDPOINT, STANDALONE_ID, "torchrun on the one node")
         return Placement(la.nnodes, 0, "<first node>:<free port>", "<SLURM job id>",
-                         "in the SLURM job: srun starts one agent per node, rendezvous on the first node",
+                         "srun starts one torchrun agent per node, c10d rendezvous on the first node",
                          agent_prefix=prefix)
     nodes = int(env.get("SLURM_JOB_NUM_NODES", env.get("SLURM_NNODES", "1")))
     if nodes != la.nnodes:
@@ -86,7 +87,7 @@ def placement(exp: Experiment, la: SlurmLauncher, env: Mapping[str, str]) -> Pla
     if not prefix:
         return Placement(1, node_rank, STANDALONE_ENDPOINT, STANDALONE_ID, "SLURM job, one node")
     first = hostnames(env["SLURM_JOB_NODELIST"])[0]
-    return Placement(la.nnodes, node_rank, f"{first}:{free_port()}", env["SLURM_JOB_ID"],
+    return Placement(la.nnodes, node_rank, f"{first}:{job_port(env['SLURM_JOB_ID'])}", env["SLURM_JOB_ID"],
                      f"SLURM job {env['SLURM_JOB_ID']}: srun, rendezvous on {first}", agent_prefix=prefix)
 
 
@@ -119,8 +120,15 @@ def hostnames(nodelist: str) -> list[str]:
     return out.stdout.split()
 
 
+@functools.cache
+def job_port(job_id: str) -> int:
+    """The rendezvous port of this job: a free TCP port of this host (the first node, where the
+    rendezvous store runs), chosen once, so the plan and the command agree."""
+    return free_port()
+
+
 def free_port() -> int:
-    """A free TCP port on this host (the first node of the job, where the rendezvous store runs)."""
+    """A free TCP port on this host."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return s.getsockname()[1]

@@ -31,22 +31,24 @@ def _dry(capsys, *args: str) -> tuple[int, str, str]:
 def test_dry_run_shows_the_per_node_command(capsys):
     code, out, _ = _dry(capsys, *TWO_NODES, "launcher.node_rank=1")
     assert code == 0
-    assert "this is node 1 (launcher.node_rank); c10d rendezvous at 10.0.0.1:29400" in out
-    command = next(line for line in out.splitlines() if line.strip().startswith("command:"))
-    assert "--nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 10.0.0.1:29400" in command
-    assert "--node-rank" not in command  # c10d assigns ranks; torchrun ignores --node-rank with c10d
+    assert "launch:     this is node 1 of 2 (launcher.node_rank); c10d rendezvous at 10.0.0.1:29400" in out
     assert "launcher.node_rank=0..1" in out  # what to run on the other nodes
+    for node in (0, 1):
+        command = next(line for line in out.splitlines() if line.startswith(f"node {node}:"))
+        assert "--nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 10.0.0.1:29400" in command
+        assert f"--node-rank {node} " in command
 
 
 def test_node_rank_comes_from_slurm_nodeid(capsys, monkeypatch):
     monkeypatch.setenv("SLURM_NODEID", "1")
     code, out, _ = _dry(capsys, *TWO_NODES)
-    assert code == 0 and "this is node 1 (SLURM_NODEID from the environment)" in out
+    assert code == 0 and "this is node 1 of 2 (SLURM_NODEID from the environment)" in out
 
 
 @pytest.mark.parametrize("args, key, says", [
     (("launcher.nnodes=2",), "launcher.rdzv_endpoint", "needs a rendezvous endpoint"),
-    (TWO_NODES, "launcher.node_rank", "SLURM_NODEID is not set"),
+    # A dry run shows every node's command without it; a real launch needs this node's rank.
+    (("dry_run=false", *TWO_NODES), "launcher.node_rank", "SLURM_NODEID is not set"),
     ((*TWO_NODES, "launcher.node_rank=2"), "launcher.node_rank", "must be below nnodes"),
     (("launcher.rdzv_endpoint=node0",), "launcher.rdzv_endpoint", "not a host:port"),
     (("launcher=slurm", "launcher.nnodes=2", "launcher.srun=false"), "launcher.srun", "needs srun"),
@@ -68,9 +70,9 @@ def test_slurm_dry_run_shows_sbatch_and_srun(capsys):
                         "launcher.cpus_per_node=192", "launcher.time_limit_min=30", "launcher.account=ml",
                         "+launcher.additional_parameters.exclusive=true")
     assert code == 0
-    assert ("slurm: sbatch --nodes=2 --ntasks-per-node=1 --time=30 --cpus-per-task=192 --partition=trn2 "
-            "--account=ml --exclusive") in out
-    assert "command: srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=192 --kill-on-bad-exit=1 " in out
+    assert ("launch:     sbatch --nodes=2 --ntasks-per-node=1 --time=30 --cpus-per-task=192 --partition=trn2 "
+            "--account=ml --exclusive through hydra-submitit-launcher") in out
+    assert "command:    srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=192 --kill-on-bad-exit=1 " in out
     assert "--rdzv-endpoint '<first node>:<free port>'" in out
 
 
