@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sys
 import time
@@ -215,8 +214,7 @@ def _task(cfg) -> None:
         summary = launch(prepare(exp), run_dir, plan, origin=_origin(hc, multirun))
     except ConfigError as e:
         print(e.render(), file=sys.stderr)
-        if not multirun:
-            _discard_if_empty(run_dir)
+        if not multirun:  # the launcher removes what this launch created (`main`, the claim)
             raise SystemExit(EXIT_CONFIG_ERROR)
         summary = _record_failure(run_dir, exp, EXIT_CONFIG_ERROR, e.render(), time.monotonic() - started)
     except Exception as e:
@@ -259,12 +257,6 @@ def _origin(hc, multirun: bool):
     )
 
 
-def _discard_if_empty(run_dir: Path) -> None:
-    """A job refused before launch leaves no directory that looks like a run."""
-    if run_dir.is_dir() and not rundir.looks_like_run(run_dir):
-        shutil.rmtree(run_dir, ignore_errors=True)
-
-
 def _run_hydra(inv: Invocation, extra: list[str]) -> None:
     import hydra
 
@@ -301,21 +293,86 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None) -> 
         return print_plans(points)
     _points.clear()
     _points.update({p.task_key: p for p in points})
-    if inv.multirun:
-        return _multirun(inv, jobs, command, slurm=slurm)
-    run_dir = Path(points[0].run_dir)
-    if rundir.looks_like_run(run_dir) and not _joins(points[0].exp, run_dir):
-        problem = rerun_problem(points[0].exp, run_dir)
-        if problem is not None:
-            print(ConfigError([problem]).render(), file=sys.stderr)
-            return EXIT_CONFIG_ERROR
-    if slurm:
-        return _submit_run(inv, run_dir)
-    _results.clear()
-    _run_hydra(inv, [f"hydra.run.dir={sweep.quote_value(str(run_dir))}"])
-    if not _results:
-        return 1
-    return int(_results[0]["exit_code"])
+    try:  # nothing is written before the directory is ours
+        if slurm:
+            from qwen3exp.slurm import controller_problem
+
+            if (down := controller_problem()) is not None:
+                raise ConfigError([down])
+        held = _claim_sweep(jobs, Path(inv.output_dir), points) if inv.multirun else _claim_run(points[0])
+    except ConfigError as e:
+        print(e.render(), file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    discard = False
+    try:
+        if inv.multirun:
+            return _multirun(inv, jobs, command, slurm=slurm)
+        run_dir = Path(points[0].run_dir)
+        if slurm:
+            return _submit_run(inv, run_dir)
+        _results.clear()
+        try:
+            _run_hydra(inv, [f"hydra.run.dir={sweep.quote_value(str(run_dir))}"])
+        except SystemExit as e:  # refused inside the job, before any worker started
+            discard = e.code == EXIT_CONFIG_ERROR
+            raise
+        if not _results:
+            return 1
+        return int(_results[0]["exit_code"])
+    finally:
+        held.release(discard=discard)
+
+
+def _claim_run(point: Point):
+    """Claim the run directory (or refuse it): new, empty, a resumable run of this experiment, or
+    another node's launcher's folder of the same multi-node run; room on its disk."""
+    from qwen3exp import claim, placement
+
+    run_dir = Path(point.run_dir)
+    exp = point.exp
+    disk = claim.disk_problem("hydra.run.dir", run_dir, claim.estimate_bytes(exp, point.plan.parameters.total))
+    if disk is not None:
+        raise ConfigError([disk])
+    node = placement.resolve(exp, os.environ).node_rank if exp.launcher.nnodes > 1 else None
+    held = claim.claim(run_dir, key="hydra.run.dir", lock=claim.lock_name(node))
+    try:
+        if not _joins(exp, run_dir):
+            problem = claim.not_a_run_problem(held)
+            if problem is None and rundir.looks_like_run(run_dir):
+                problem = rerun_problem(exp, run_dir)
+            if problem is not None:
+                raise ConfigError([problem])
+    except ConfigError:
+        held.release(discard=True)
+        raise
+    return held
+
+
+SWEEP_FILE = "multirun.yaml"
+"""Hydra's record of a sweep, in the sweep directory: a directory holding it is a sweep's."""
+
+
+def _claim_sweep(jobs: list, sweep_dir: Path, points: list[Point]):
+    """Claim the sweep directory: new, empty, or an earlier sweep's (resume); room for the jobs
+    that will run. (Each job's folder is inside it; the plan already checked them.)"""
+    from qwen3exp import claim
+
+    by_dir = {Path(p.run_dir): p for p in points}
+    need = sum(claim.estimate_bytes(by_dir[j.run_dir].exp, by_dir[j.run_dir].plan.parameters.total)
+               for j in jobs if j.state != sweep.DONE and j.run_dir in by_dir)
+    disk = claim.disk_problem("hydra.sweep.dir", sweep_dir, need)
+    if disk is not None:
+        raise ConfigError([disk])
+    held = claim.claim(sweep_dir, key="hydra.sweep.dir")
+    names = claim.foreign_entries(held)
+    if names and SWEEP_FILE not in names and not rundir.looks_like_run(sweep_dir):
+        held.release(discard=True)
+        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        raise ConfigError([Problem("hydra.sweep.dir", str(sweep_dir),
+                                   f"already holds files that are not a qwen3exp sweep ({shown}); they are never overwritten",
+                                   "a new or empty directory, or an earlier sweep's directory (resume)",
+                                   "drop hydra.sweep.dir=... (a new timestamped directory) or pass a new one")])
+    return held
 
 
 class _Terminated(BaseException):

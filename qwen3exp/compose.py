@@ -38,7 +38,7 @@ class Invocation:
     """Flags Hydra answers by itself (--help, --cfg job, --info ...): passed straight through."""
     output_dir: str | None = None
     """The run directory (multirun: the sweep directory) as composed by the preflight; Hydra is
-    then pinned to it, so `${now:...}` in the default names resolves once for every point."""
+    then pinned to it, so `${qwen3exp.stamp:}` in the default names resolves once for every point."""
 
     @property
     def user_overrides(self) -> list[str]:
@@ -114,10 +114,17 @@ def _parse(overrides: list[str]):
     from hydra.errors import OverrideParseException
 
     try:
-        return OverridesParser.create().parse_overrides(overrides)
+        parsed = OverridesParser.create().parse_overrides(overrides)
     except OverrideParseException as e:
-        raise ConfigError([Problem("(command line)", " ".join(overrides), f"cannot parse: {e}",
+        first = str(e).strip().splitlines()
+        raise ConfigError([Problem("(command line)", " ".join(overrides),
+                                   "cannot parse: " + "; ".join(first[:2]),
                                    "key=value, group=option, +key=value, ~key")]) from None
+    empty = [o.input_line for o in parsed if not o.key_or_group]
+    if empty:
+        raise ConfigError([Problem("(command line)", " ".join(empty), "an override needs a key before '='",
+                                   "key=value, group=option, +key=value, ~key")])
+    return parsed
 
 
 def check_group_choices(overrides: list[str], config_dir: Path,
@@ -225,7 +232,11 @@ class Composer:
         job = copy.deepcopy(job_base)  # the experiment part only (copying Hydra's node costs ~80 ms)
         problems = group_problems + self._apply(values, job, base)
         hydra_plain = _hydra_dirs(hydra_plain, parsed, job_num)
-        for k in sorted(OmegaConf.missing_keys(job)):
+        try:
+            missing = sorted(OmegaConf.missing_keys(job))
+        except OmegaConfBaseException as e:  # missing_keys resolves: a broken interpolation
+            raise ConfigError(problems + [omegaconf_problem(e)], context=context) from None
+        for k in missing:
             problems.append(Problem(k, MISSING, "required value is not set (??? in the config)",
                                     _describe(k), hint=f"set it on the command line: {k}=..."))
             parent, _, leaf = k.rpartition(".")
@@ -240,9 +251,7 @@ class Composer:
             sweep_subdir = str(job.hydra.sweep.subdir) if job_num is not None else None
             run_dir = f"{sweep_dir}/{sweep_subdir}" if job_num is not None else str(job.hydra.run.dir)
         except OmegaConfBaseException as e:
-            k = getattr(e, "full_key", None) or "(interpolation)"
-            raise ConfigError(problems + [Problem(str(k), getattr(e, "msg", str(e)), "cannot resolve interpolation")],
-                              context=context) from None
+            raise ConfigError(problems + [omegaconf_problem(e)], context=context) from None
         if problems and not collect:
             raise ConfigError(problems, context=context)
         return Composed(data, run_dir, sweep_dir, overrides, problems, tuple(o.input_line for o in groups),
@@ -285,12 +294,21 @@ class Composer:
         from omegaconf.errors import OmegaConfBaseException
 
         if key not in self._base:
+            import yaml
+
             try:
                 cfg = compose(config_name=self.config_name, overrides=list(key), return_hydra_config=True)
-            except (HydraException, OmegaConfBaseException) as e:
+            except yaml.YAMLError as e:
+                raise ConfigError([yaml_problem(e)], context=context) from None
+            except OmegaConfBaseException as e:
+                raise ConfigError([omegaconf_problem(e)], context=context) from None
+            except (HydraException, ValueError, TypeError) as e:
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise ConfigError([Problem("(composition)", " ".join(key) or "(defaults)", first)],
                                   context=context) from None
+            plugin_problems = hydra_plugin_problems(cfg)
+            if plugin_problems:
+                raise ConfigError(plugin_problems, context=context)
             job = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"])
             OmegaConf.set_struct(job, True)
             hydra = OmegaConf.to_container(cfg.hydra, resolve=False)
@@ -327,6 +345,75 @@ def compose_point(overrides: list[str], *, config_dir: Path = CONF_DIR, config_n
     sweep (Hydra's hydra.job.num), so that the sweep subdir resolves as it will in the real job."""
     with Composer(config_dir, config_name) as c:
         return c.compose(overrides, context=context, job_num=job_num)
+
+
+_DEFAULT_PLUGINS = {"launcher": "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
+                    "sweeper": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"}
+
+
+def hydra_plugin_problems(cfg) -> list[Problem]:
+    """`hydra.launcher._target_` / `hydra.sweeper._target_` must name an installed Hydra launcher /
+    sweeper plugin (found through Hydra's public plugin discovery), so that a typo is exit 2 here,
+    not a traceback once the sweep starts. The usual choice is a config group: hydra/launcher=...,
+    hydra/sweeper=..."""
+    from omegaconf import OmegaConf
+
+    problems = []
+    for kind, default in _DEFAULT_PLUGINS.items():
+        target = OmegaConf.select(cfg, f"hydra.{kind}._target_", throw_on_resolution_failure=False)
+        if target is None or target == default:
+            continue
+        available = _plugin_names(kind)
+        if target not in available:
+            problems.append(Problem(f"hydra.{kind}._target_", target, f"is not an installed Hydra {kind} plugin",
+                                    one_of(sorted(available)), did_you_mean(str(target), sorted(available)) or
+                                    f"choose one with hydra/{kind}=<name>; plugins are pip packages "
+                                    f"(e.g. hydra-submitit-launcher, hydra-optuna-sweeper)"))
+    return problems
+
+
+def _plugin_names(kind: str) -> set[str]:
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.launcher import Launcher
+    from hydra.plugins.sweeper import Sweeper
+
+    base = Launcher if kind == "launcher" else Sweeper
+    return {f"{c.__module__}.{c.__name__}" for c in Plugins.instance().discover(base)}
+
+
+def omegaconf_problem(e: Exception) -> Problem:
+    """An interpolation that does not resolve (`${nope}`, a cycle, an unset `${oc.env:X}`) or another
+    OmegaConf error, as a Problem naming the key."""
+    key = getattr(e, "full_key", None) or "(interpolation)"
+    msg = str(getattr(e, "msg", None) or e).strip().splitlines()
+    text = msg[0] if msg else type(e).__name__
+    if "Recursive interpolation" in text:
+        text = "the interpolation refers back to itself (a cycle)"
+    return Problem(str(key), _raw_value(e), f"cannot resolve: {text}",
+                   "a value, or ${other.key} / ${oc.env:VAR} / ${oc.env:VAR,default} that resolves",
+                   "set the missing key or environment variable, or give oc.env a default")
+
+
+def _raw_value(e: Exception):
+    node = getattr(e, "child_node", None)
+    try:
+        return node._value() if node is not None else MISSING
+    except Exception:
+        return MISSING
+
+
+def yaml_problem(e: Exception) -> Problem:
+    """A YAML syntax error in a config file: the file, line and column."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    where = f"{mark.name}" if mark is not None else "(a config file)"
+    line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    what = getattr(e, "problem", None) or str(e).strip().splitlines()[0]
+    context, cm = getattr(e, "context", None), getattr(e, "context_mark", None)
+    if context and cm is not None and mark is not None and cm.line != mark.line:
+        what += f" ({context} at line {cm.line + 1}, column {cm.column + 1})"
+    return Problem("(config file)", where, f"YAML syntax error{line}: {what}",
+                   "valid YAML (key: value, indented with spaces; [ ] and { } closed)",
+                   source=f"{where}{line}")
 
 
 def _shown(ov) -> str:

@@ -295,7 +295,7 @@ def _wait_until_free(run_dir: Path, timeout_s: float) -> None:
     """A relaunch must not train next to a previous launch's ranks (they may still be dying after
     their launcher was SIGKILLed): wait for them, then refuse."""
     deadline = time.monotonic() + timeout_s
-    while busy := procs.processes_mentioning("qwen3exp.worker", str(run_dir)):
+    while busy := procs.workers_of(run_dir):
         if time.monotonic() > deadline:
             raise ConfigError([Problem(
                 "hydra.run.dir", str(run_dir), f"is in use by running process(es) {', '.join(map(str, busy))}",

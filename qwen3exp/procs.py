@@ -8,8 +8,8 @@ kernel features close these gaps:
 - `die_with_parent(sig)` (PR_SET_PDEATHSIG): the kernel signals this process when its parent dies,
   even when the parent was SIGKILLed and had no chance to clean up. torchrun gets SIGTERM when the
   launcher dies (it then stops its ranks), each rank gets SIGKILL when torchrun dies.
-- /proc: `descendants(pid)` walks the parent links; `processes_mentioning(text)` finds the
-  processes whose command line names a run directory.
+- /proc: `descendants(pid)` walks the parent links; `workers_of(run_dir)` finds the
+  ranks of one run directory.
 """
 
 from __future__ import annotations
@@ -79,10 +79,34 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def processes_mentioning(*texts: str, exclude: set[int] = frozenset()) -> list[int]:
-    """Live processes whose command line contains every one of `texts` (e.g. a run directory)."""
-    return [p for p in _pids()
-            if p not in exclude and _ppid(p) is not None and all(t in cmdline(p) for t in texts)]
+def workers_of(run_dir: Path, module: str = "qwen3exp.worker", exclude: set[int] = frozenset()) -> list[int]:
+    """Live `python -m qwen3exp.worker RUN_DIR` processes of exactly this run directory: the argument
+    after the module, resolved against the process's own working directory, must be `run_dir`
+    (a run in runs/exp10 is not a run in runs/exp1)."""
+    target = Path(run_dir).resolve()
+    found = []
+    for p in _pids():
+        if p in exclude or _ppid(p) is None:
+            continue
+        argv = _argv(p)
+        if module not in argv or argv.index(module) + 1 >= len(argv):
+            continue
+        arg = Path(argv[argv.index(module) + 1])
+        try:
+            where = arg if arg.is_absolute() else Path(os.readlink(f"/proc/{p}/cwd")) / arg
+            if where.resolve() == target:
+                found.append(p)
+        except OSError:
+            continue
+    return found
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
 def signal_all(pids: list[int], sig: int) -> None:

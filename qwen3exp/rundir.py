@@ -37,6 +37,20 @@ HYDRA = ".hydra"
 
 STATUSES = ("completed", "failed", "interrupted")
 
+STAMP_RESOLVER = "qwen3exp.stamp"
+
+
+def stamp() -> str:
+    """The default run folder's name, `2026-12-01_09-30-12.345-7f3a9c`: local time to the
+    millisecond plus 6 random hex digits, so that launches of one name in the same second (a shell
+    loop with &, a job array) get folders of their own, and `ls` still sorts them by time. (The
+    claim refuses a folder that another launch holds in any case.)"""
+    import datetime as dt
+    import secrets
+
+    now = dt.datetime.now()
+    return f"{now:%Y-%m-%d_%H-%M-%S}.{now.microsecond // 1000:03d}-{secrets.token_hex(3)}"
+
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write via a temporary file in the same folder and rename: readers never see half a file."""

@@ -47,6 +47,28 @@ def hydra_overrides() -> list[str]:
     ]
 
 
+def controller_problem() -> Problem | None:
+    """A real launch with launcher=slurm needs sbatch and a controller that answers (`scontrol
+    ping`), checked before anything is written; None when both are there."""
+    import shutil
+
+    allowed = "a SLURM submit host whose controller is up, or launcher=local"
+    if shutil.which("sbatch") is None or shutil.which("scontrol") is None:
+        return Problem("launcher", "slurm", "cannot reach a SLURM controller: sbatch/scontrol are not on PATH here",
+                       allowed)
+    try:
+        r = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return Problem("launcher", "slurm", f"cannot reach the SLURM controller (scontrol ping: {type(e).__name__})",
+                       allowed)
+    text = (r.stdout + r.stderr).strip()
+    if r.returncode != 0 or "DOWN" in text or "UP" not in text:
+        first = text.splitlines()[0] if text else f"exit code {r.returncode}"
+        return Problem("launcher", "slurm", f"cannot reach the SLURM controller (scontrol ping: {first})", allowed,
+                       "start slurmctld, or check SLURM_CONF / the cluster's network")
+    return None
+
+
 def sbatch_flags(la: SlurmLauncher) -> list[str]:
     """The sbatch options the job is submitted with (for the plan)."""
     flags = [f"--nodes={la.nnodes}", "--ntasks-per-node=1", f"--time={la.time_limit_min}"]

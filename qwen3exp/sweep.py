@@ -54,6 +54,9 @@ def register_resolver() -> None:
 
     if not OmegaConf.has_resolver(RESOLVER):
         OmegaConf.register_new_resolver(RESOLVER, safe_dirname)
+    if not OmegaConf.has_resolver(rundir.STAMP_RESOLVER):
+        # Cached: every reference in one composed config sees the same stamp.
+        OmegaConf.register_new_resolver(rundir.STAMP_RESOLVER, rundir.stamp, use_cache=True)
 
 
 # ------------------------------------------------------------------------------ the resume plan

@@ -1,0 +1,273 @@
+"""Claiming a run (or sweep) directory before anything is written into it.
+
+A launch owns its directory from the moment `claim()` returns until `Claim.release()`:
+
+- The claim is an exclusive `flock` on a lock file inside the directory (`.qwen3exp.lock`, one per
+  node for multi-node runs whose node launchers share one folder). A second launcher into the same
+  directory fails at once (exit 2, naming the directory and the holder) instead of training into the
+  first one's files. The kernel drops the lock when the holder dies, however it dies, so a SIGKILLed
+  launcher never leaves a stale claim; the lock file itself stays (deleting a lock file while another
+  process opens it lets two holders in).
+- What existed before is recorded. `release(discard=True)` (a launch refused before any worker
+  started) removes only what this launch created: the directory and the parents it made, or, in a
+  directory that existed before, the entries that were not there. Nothing that was there before the
+  launch is ever removed or touched.
+- A directory that is not a qwen3exp run and not empty (a user's folder, a checkout: `hydra.run.dir=.`)
+  is refused: a run is written only into a new directory, an empty one, or a run of its own
+  (resume, or another node's launcher of the same multi-node run; the caller decides those).
+- The problems a directory can have before the launch are reported as `Problem`s (exit 2): it is a
+  file, it cannot be created or written (read-only, permission, a missing parent that cannot be
+  made), or its file system has less free space than the run will write (`disk_problem`).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qwen3exp import rundir
+from qwen3exp.errors import ConfigError, Problem
+
+LOCK = ".qwen3exp.lock"
+BOOKKEEPING = frozenset({rundir.HYDRA, "qwen3exp.log"})
+"""Entries a launch that never started may leave behind (Hydra's job files and job log): a folder
+holding only these (and lock files) counts as empty."""
+
+
+def lock_name(node_rank: int | None = None) -> str:
+    """The lock file of this node's launcher (multi-node runs: one lock per node in one folder)."""
+    return LOCK if not node_rank else f".qwen3exp.node{node_rank}.lock"
+
+
+def _is_lock(name: str) -> bool:
+    return name.startswith(".qwen3exp.") and name.endswith(".lock")
+
+
+@dataclass
+class Claim:
+    path: Path
+    key: str
+    """The key that names this directory in messages (hydra.run.dir, hydra.sweep.dir)."""
+    created: list[Path] = field(default_factory=list)
+    """Directories this launch created, outermost first (the run directory is the last one)."""
+    before: frozenset[str] = frozenset()
+    """Top-level entries the directory held when it was claimed (empty when it was created)."""
+    _fd: int | None = None
+
+    @property
+    def made_dir(self) -> bool:
+        return bool(self.created) and self.created[-1] == self.path.absolute()
+
+    def release(self, *, discard: bool = False) -> None:
+        """Drop the lock. `discard`: also remove what this launch created (never anything else)."""
+        try:
+            if discard:
+                self._discard()
+        finally:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def _discard(self) -> None:
+        if self.made_dir:
+            shutil.rmtree(self.path, ignore_errors=True)
+        elif self.path.is_dir():
+            for entry in self.path.iterdir():
+                if entry.name in self.before:
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+        for parent in reversed(self.created[:-1] if self.made_dir else self.created):
+            try:
+                parent.rmdir()  # only if still empty: something else may have been put there since
+            except OSError:
+                break
+
+    def __enter__(self) -> Claim:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.release(discard=exc_type is not None and issubclass(exc_type, ConfigError))
+
+
+def claim(path: Path | str, *, key: str = "hydra.run.dir", lock: str = LOCK) -> Claim:
+    """Create (or take) `path` and lock it for this launch; raise ConfigError when it cannot be
+    created or written, or another live launcher holds it."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError([Problem(key, str(path), "is a file, not a directory", "a new or empty directory",
+                                   "choose another name=... or hydra.run.dir=...")])
+    created = _makedirs(path, key)
+    c = Claim(path, key, created)
+    try:
+        c.before = frozenset() if c.made_dir else frozenset(os.listdir(path))
+        c._fd = _lock(path / lock, key)
+    except BaseException:
+        c.release(discard=True)
+        raise
+    return c
+
+
+def _makedirs(path: Path, key: str) -> list[Path]:
+    """mkdir -p, returning the directories that did not exist (outermost first)."""
+    missing = []
+    p = path.absolute()
+    while not p.exists():
+        missing.append(p)
+        if p.parent == p:
+            break
+        p = p.parent
+    missing.reverse()
+    made = []
+    for d in missing:
+        try:
+            d.mkdir()
+        except FileExistsError:  # a concurrent launch made it first: not ours
+            if not d.is_dir():
+                _undo(made)
+                raise ConfigError([_os_problem(key, path, OSError(errno.ENOTDIR, f"{d} is a file"))]) from None
+            continue
+        except OSError as e:
+            _undo(made)
+            raise ConfigError([_os_problem(key, path, e)]) from None
+        made.append(d)
+    return made
+
+
+def _undo(made: list[Path]) -> None:
+    for d in reversed(made):
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+
+
+def _lock(lock_path: Path, key: str) -> int:
+    run_dir = lock_path.parent
+    while True:
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise ConfigError([_os_problem(key, run_dir, e)]) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise ConfigError([Problem(
+                key, str(run_dir), f"is in use by another qwen3exp launch ({holder})",
+                "a directory no other launch is using",
+                "wait for that launch to end, or choose another name=... / hydra.run.dir=...")]) from None
+        # The lock file we locked must still be the one at that path (it is never deleted by us,
+        # but a user may have removed it while we opened it).
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock_path, follow_symlinks=False).st_ino
+        except OSError:
+            same = False
+        if not same:
+            os.close(fd)
+            continue
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                      "since": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n").encode())
+        except OSError as e:
+            os.close(fd)
+            raise ConfigError([_os_problem(key, run_dir, e)]) from None
+        return fd
+
+
+def _holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+        return f"pid {info['pid']} on {info['host']}, since {info['since']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its launcher holds the lock"
+
+
+def _os_problem(key: str, path: Path, e: OSError) -> Problem:
+    why = {errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+           errno.EROFS: "the file system is read-only", errno.ENOSPC: "the disk is full",
+           errno.EDQUOT: "the disk quota is exhausted", errno.ENOTDIR: "a part of the path is a file",
+           errno.ENAMETOOLONG: "the name is too long"}.get(e.errno, e.strerror or type(e).__name__)
+    where = f" ({e.filename})" if getattr(e, "filename", None) and str(e.filename) != str(path) else ""
+    return Problem(key, str(path), f"cannot be created or written: {why}{where}",
+                   "a directory this user can create and write",
+                   "choose another name=... or hydra.run.dir=... on a writable file system")
+
+
+def foreign_entries(c: Claim) -> list[str]:
+    """The entries of a claimed directory that make it 'not empty' for a new run (bookkeeping of a
+    launch that never started and lock files do not count)."""
+    return sorted(n for n in c.before if n not in BOOKKEEPING and not _is_lock(n))
+
+
+def not_a_run_problem(c: Claim) -> Problem | None:
+    """A directory that existed, holds files and is not a qwen3exp run: never written into."""
+    names = foreign_entries(c)
+    if not names or rundir.looks_like_run(c.path):
+        return None
+    shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    if rundir.CHECKPOINT in names:
+        message = (f"holds a {rundir.CHECKPOINT}/ but no {rundir.EXPERIMENT} of the run that wrote it "
+                   f"({shown}); a checkpoint is resumed only next to its own run's {rundir.EXPERIMENT} "
+                   "(DCP checkpoints are pickles: qwen3exp loads none it did not record)")
+    else:
+        message = f"already holds files that are not a qwen3exp run ({shown}); they are never overwritten"
+    return Problem(c.key, str(c.path), message, "a new or empty directory, or a qwen3exp run of this experiment",
+                   "choose another name=... or hydra.run.dir=... (the default is a new timestamped directory)")
+
+
+def disk_problem(key: str, path: Path, need_bytes: int) -> Problem | None:
+    """Too little free space on `path`'s file system for what the run will write."""
+    p = Path(path).absolute()
+    while not p.exists() and p.parent != p:
+        p = p.parent
+    try:
+        free = shutil.disk_usage(p).free
+    except OSError:
+        return None
+    if free >= need_bytes:
+        return None
+    return Problem(key, str(path), f"its file system has {_size(free)} free but the run writes about "
+                   f"{_size(need_bytes)} (logs, metrics and, when on, checkpoints and exports)",
+                   f"a file system with at least {_size(need_bytes)} free",
+                   "free some space, or choose hydra.run.dir=... on another disk")
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+_STATE_BYTES_PER_PARAM = 4 + 8
+"""A DCP checkpoint holds float32 weights plus AdamW's two float32 moments per parameter."""
+_EXPORT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+_BASE_BYTES = 32 << 20
+"""Logs, metrics, TensorBoard events, the resolved files: a few MiB for a short run; 32 MiB of room."""
+
+
+def estimate_bytes(exp, total_params: int) -> int:
+    """What a run writes into its directory, from the plan's parameter count."""
+    from qwen3exp.schema import DcpCheckpoint, HFExport, HFRoundtrip
+
+    need = _BASE_BYTES
+    match exp.checkpoint:
+        case DcpCheckpoint(interval=interval, keep_latest_k=k):
+            saves = exp.training.steps // interval + 1
+            kept = saves if k == 0 else min(saves, k + 1)  # the newest may be written before the oldest goes
+            need += kept * total_params * _STATE_BYTES_PER_PARAM
+        case HFExport(dtype=dtype) | HFRoundtrip(dtype=dtype):
+            need += total_params * _EXPORT_BYTES[dtype]
+    return need
