@@ -160,7 +160,7 @@ def write_run_files(prep: Prepared, run_dir: Path, trainer_config, argv: list[st
                              rundir.experiment_yaml(run_experiment(prep.exp).model_dump(mode="json")))
     rundir.atomic_write_json(run_dir / rundir.PLATFORM, asdict(prep.facts))
     rundir.atomic_write_json(run_dir / rundir.TORCHTITAN_CONFIG, trainer_config.to_dict())
-    rundir.atomic_write_text(run_dir / node_file(rundir.COMMAND, prep.placement), shlex.join(argv) + "\n")
+    rundir.atomic_write_text(run_dir / node_file(rundir.COMMAND, prep.placement), shlex.join(provenance.redact_argv(argv)) + "\n")
 
 
 def first_rank_error(run_dir: Path) -> str | None:

@@ -1,11 +1,16 @@
 """Where a run came from: `provenance.json` (and `git.diff`) in every run directory.
 
 Recorded by the launcher before torchrun starts: the qwen3exp source tree's git commit and whether
-it had local changes (the changes themselves, untracked files included, go to `git.diff`, so
-`git apply` recreates the tree), the versions of the packages that decide the numbers, the platform
-and device names, the host, the environment variables that change how ranks run, the full command
-line and the Hydra overrides. Secrets (variables named like *TOKEN*, *KEY*, *SECRET*, *PASSWORD*)
-are never written.
+it had local changes to tracked files (those changes go to `git.diff`, so `git apply` on the commit
+recreates the tracked tree; untracked files are listed by name and size only, never copied: a
+`.env` next to the code must not land in a run directory), the versions of the packages that decide
+the numbers, the platform and device names, the host, the environment variables that change how
+ranks run, the full command line and the Hydra overrides.
+
+Secrets never land in a run directory: everything recorded from the environment or a command line
+goes through `redact_env` / `redact_argv` (also command.txt and plan.json's commands). They replace
+with `***` the value of every variable, flag or `key=value` whose name looks like a secret (see
+`is_secret_name`) and the `user:password@` of every URL.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform as _platform
+import re
 import shlex
 import socket
 import subprocess
@@ -34,11 +40,21 @@ ENV_PREFIXES = ("NEURON_", "CUDA_", "NCCL_", "FI_", "XLA_", "TORCH", "PYTORCH_",
                 "HF_", "TRANSFORMERS_", "WANDB_", "SLURM_", "QWEN3EXP_", "MASTER_", "GLOO_", "TP_SOCKET")
 ENV_NAMES = ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "LD_LIBRARY_PATH", "PATH", "VIRTUAL_ENV",
              "CONDA_PREFIX")
-_SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL")
-_UNTRACKED_LIMIT = 1 << 20
-"""Untracked files larger than this are listed but not copied into git.diff."""
-_UNTRACKED_TOTAL = 16 << 20
 _UNTRACKED_LISTED = 500
+
+REDACTED = "***"
+SECRET_WORDS = frozenset({"TOKEN", "KEY", "APIKEY", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL",
+                          "CREDS", "AUTH", "AUTHORIZATION", "COOKIE", "SESSION", "PRIVATE"})
+"""A name is secret when one of its words is one of these (a plural s ignored)."""
+SECRET_SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "APIKEY")
+"""... or when a word ends with one of these (HFTOKEN, DBPASSWORD: written without a separator).
+Only words that end no ordinary word are suffixes: KEY would match MONKEY and HOTKEY."""
+# Up to the last @ before the host: an unescaped @ in the password must not leave its tail behind.
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)[^\s/?#]*@")
+# NAME=VALUE or NAME: VALUE inside a longer string ("export HF_TOKEN=abc", "{'api_key': 'abc'}",
+# "?token=abc&x=1", "Authorization: Bearer abc"); the value ends at a space or a delimiter.
+_ASSIGNMENT = re.compile(r"(?P<name>[A-Za-z_][\w.\-]*)(?P<sep>[\"']?\s*[=:]\s*)")
+_VALUE = re.compile(r"(?:(?:Bearer|Basic|Token)\s+)?(?:\"[^\"]*\"|'[^']*'|[^\s,;&\"'\[\]{}()]+)", re.IGNORECASE)
 
 
 @dataclass
@@ -57,17 +73,78 @@ class Origin:
     sweep_dir: str | None = None
 
 
+def is_secret_name(name: str) -> bool:
+    """Whether a variable, flag or config key name looks like it holds a secret.
+
+    The name is split into words at every character that is not a letter or digit and at
+    camelCase boundaries (`wandbApiKey` -> WANDB API KEY); it is secret when a word, upper-cased
+    and without a plural s, is in SECRET_WORDS, or a word ends with one of SECRET_SUFFIXES.
+    So HF_TOKEN, WANDB_API_KEY, MY_SESSION_TOKEN, hf-token, +wandb_api_key, HFTOKEN are secret;
+    MONKEY, KEYBOARD, TOKENIZERS_PARALLELISM, PYTORCH_CUDA_ALLOC_CONF are not."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name)
+    for word in re.split(r"[^A-Za-z0-9]+", spaced.upper()):
+        if word in SECRET_WORDS or (word.endswith("S") and word[:-1] in SECRET_WORDS):
+            return True
+        if word.endswith(SECRET_SUFFIXES):
+            return True
+    return False
+
+
+def redact_text(text: str) -> str:
+    """`text` with URL credentials (`scheme://user:pw@host` -> `scheme://***@host`) and the value of
+    every `NAME=value` / `NAME: value` whose NAME looks like a secret replaced by `***`."""
+    text = _URL_USERINFO.sub(lambda m: m["scheme"] + REDACTED + "@", text)
+    out, pos = [], 0
+    while (m := _ASSIGNMENT.search(text, pos)) is not None:
+        out.append(text[pos:m.end()])
+        pos = m.end()
+        # A name that is no secret is skipped by itself only: its value may hold NAME=value.
+        if is_secret_name(m["name"]) and (v := _VALUE.match(text, pos)) is not None and v.end() > pos:
+            out.append(REDACTED)
+            pos = v.end()
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def redact_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """A command line (or a list of Hydra overrides) safe to record: every element through
+    `redact_text`, and the element after a flag named like a secret (`--token abc`) replaced."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        arg = str(arg)
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        out.append(redact_text(arg))
+        hide_next = arg.startswith("-") and "=" not in arg and is_secret_name(arg.lstrip("-"))
+    return out
+
+
+def redact_env(env) -> dict[str, str]:
+    """An environment (name -> value) safe to record: the value of every variable named like a secret
+    is `***`, every other value goes through `redact_text` (HF_ENDPOINT=https://user:pw@host)."""
+    return {name: REDACTED if is_secret_name(name) else redact_text(str(value)) for name, value in env.items()}
+
+
 def collect(facts, exp_hash: str, origin: Origin | None) -> tuple[dict, str | None]:
-    """(provenance, the git diff text or None)."""
+    """(provenance, the git diff text or None); every command line and environment redacted."""
     hydra = asdict(origin or Origin())
-    command = hydra.pop("command")
+    command = redact_argv(hydra.pop("command"))
+    for key in ("task_overrides", "hydra_overrides"):
+        hydra[key] = redact_argv(hydra[key])
+    hydra["config_sources"] = [redact_text(s) for s in hydra["config_sources"]]
+    for key in ("override_dirname", "sweep_dir"):
+        if hydra[key] is not None:
+            hydra[key] = redact_text(hydra[key])
     git, diff = git_state(SOURCE_ROOT)
     prov = {
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "experiment_hash": exp_hash,
         "command": command,
         "command_line": shlex.join(command),
-        "cwd": os.getcwd(),
+        "cwd": redact_text(os.getcwd()),
         "hydra": hydra,
         "git": git,
         "versions": versions(),
@@ -83,7 +160,7 @@ def collect(facts, exp_hash: str, origin: Origin | None) -> tuple[dict, str | No
         },
         "hostname": socket.gethostname(),
         "env": relevant_env(os.environ),
-        "rank_env": dict(facts.env),
+        "rank_env": redact_env(facts.env),
     }
     return prov, diff
 
@@ -98,14 +175,10 @@ def write(run_dir: Path, facts, exp_hash: str, origin: Origin | None) -> dict:
 
 
 def relevant_env(env) -> dict[str, str]:
-    out = {}
-    for name in sorted(env):
-        if not (name.startswith(ENV_PREFIXES) or name in ENV_NAMES):
-            continue
-        if any(w in name.upper() for w in _SECRET_WORDS) or name == "QWEN3EXP_COMMAND":
-            continue  # QWEN3EXP_COMMAND is recorded as "command"
-        out[name] = env[name]
-    return out
+    """The variables that change how ranks run (ENV_PREFIXES, ENV_NAMES), redacted."""
+    # QWEN3EXP_COMMAND is recorded (redacted) as "command".
+    names = sorted(n for n in env if (n.startswith(ENV_PREFIXES) or n in ENV_NAMES) and n != "QWEN3EXP_COMMAND")
+    return redact_env({n: env[n] for n in names})
 
 
 def versions() -> dict[str, str | None]:
@@ -125,7 +198,9 @@ def _git(root: Path, *args: str) -> str:
 
 
 def git_state(root: Path) -> tuple[dict, str | None]:
-    """The source tree's commit, branch and local changes; {"error": ...} when it is no git checkout."""
+    """(state, diff): the source tree's commit, branch, whether tracked files changed (`dirty`) and
+    the untracked files as [{"path", "size"}]; diff is `git diff HEAD --binary` (tracked changes,
+    staged or not) or None when there are none. {"error": ...} when it is no git checkout."""
     try:
         top = _git(root, "rev-parse", "--show-toplevel").strip()
         commit = _git(root, "rev-parse", "HEAD").strip()
@@ -135,26 +210,22 @@ def git_state(root: Path) -> tuple[dict, str | None]:
     branch = _git(root, "rev-parse", "--abbrev-ref", "HEAD").strip()
     status = _git(root, "status", "--porcelain", "-z", "--untracked-files=all")
     untracked = [entry[3:] for entry in status.split("\0") if entry.startswith("?? ")]
-    state = {"repo": top, "commit": commit, "branch": branch, "dirty": bool(status.strip("\0 \n")),
-             "untracked": untracked[:_UNTRACKED_LISTED], "diff_file": None}
+    # Tracked changes only: an untracked file is whatever happens to lie in the checkout (a .env
+    # with a token, a scratch dump); its contents never go into the run directory.
+    diff = _git(root, "diff", "HEAD", "--binary")
+    state = {"repo": top, "commit": commit, "branch": branch, "dirty": bool(diff),
+             "untracked": [{"path": rel, "size": _size(Path(top) / rel)} for rel in untracked[:_UNTRACKED_LISTED]],
+             "diff_file": None}
     if len(untracked) > _UNTRACKED_LISTED:
         state["untracked_not_listed"] = len(untracked) - _UNTRACKED_LISTED
-    if not state["dirty"]:
-        return state, None
-    diff = _git(root, "diff", "HEAD", "--binary")
-    budget = _UNTRACKED_TOTAL
-    for rel in untracked:
-        path = Path(top) / rel
-        try:
-            size = path.stat().st_size if path.is_file() else None
-            if size is not None and size <= min(_UNTRACKED_LIMIT, budget):
-                budget -= size
-                # --no-index exits 1 when the files differ (always, against /dev/null).
-                diff += subprocess.run(["git", "-C", top, "diff", "--binary", "--no-index", "/dev/null", rel],
-                                       capture_output=True, text=True, timeout=60).stdout
-        except (OSError, subprocess.SubprocessError):
-            continue
-    return state, diff
+    return state, (diff or None)
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.lstat().st_size
+    except OSError:
+        return None
 
 
 def device_names(platform_name: str) -> list[str]:

@@ -210,7 +210,7 @@ def test_provenance_and_tensorboard_in_every_run(sweep):
         assert prov["command"][1:] == ["-m", "qwen3exp", *SWEEP, f"hydra.sweep.dir={d}"]
         assert f"training.lr={lr}" in prov["hydra"]["task_overrides"]
         assert prov["hydra"]["mode"] == "MULTIRUN" and prov["experiment_hash"] == read_summary(run)["experiment_hash"]
-        assert not any(k for k in prov["env"] if "TOKEN" in k or "KEY" in k)
+        assert all(v == "***" for k, v in prov["env"].items() if "TOKEN" in k or "KEY" in k)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = list(job_dir(d, *POINTS[0]).glob("tb/*/events.out.tfevents.*"))

@@ -10,16 +10,71 @@ class from `hf_model`'s config.json on the meta device, parallelizes it and init
    positions, so packed documents never attend to each other (the same mask as the flex path).
 3. Packed documents: the flavor uses `attn_mask_type="block_causal"` (the backend's default
    `causal` lets documents packed into one row attend to each other).
+4. No code from model folders (UPSTREAM BUG, below): the backend passes `trust_remote_code=True`
+   to transformers; qwen3exp refuses a config.json that asks for remote code and loads the config
+   with `trust_remote_code=False`, so a model folder is read as data in every rank.
 FSDP over gloo (plain SUM reductions) is applied by the caller, as for the native model.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torchtitan.experiments.transformers_modeling_backend import TitanModelConfig
+from torchtitan.experiments.transformers_modeling_backend import model as _backend
 from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
+from transformers.configuration_utils import PretrainedConfig
+
+
+class RemoteCodeRefused(ValueError):
+    """A model folder's config.json asks transformers to run Python shipped in the folder."""
+
+
+def refuse_remote_code(hf_model: str) -> None:
+    """Raise `RemoteCodeRefused` when `hf_model`'s config.json has an `auto_map` (the key through
+    which transformers imports Python from the folder). Reads the JSON only."""
+    config_dict, _ = PretrainedConfig.get_config_dict(hf_model)
+    auto_map = config_dict.get("auto_map")
+    if auto_map:
+        raise RemoteCodeRefused(
+            f"the config.json of {hf_model!r} has auto_map = {auto_map!r}, which asks "
+            "transformers to import and run Python files shipped in the model folder. qwen3exp reads "
+            "model folders as data and never runs code from them. Use a folder whose config.json "
+            "names a model_type that transformers ships (e.g. qwen3) and has no auto_map.")
+
+
+@contextmanager
+def local_code_only() -> Iterator[None]:
+    """While active, every `AutoConfig.from_pretrained` made by torchtitan's Transformers backend
+    runs with `trust_remote_code=False`, whatever the backend passes.
+
+    # UPSTREAM BUG: torchtitan 0.3.0 `HFTransformerModel.Config.update_from_config` calls
+    # `AutoConfig.from_pretrained(hf_model, trust_remote_code=True)` for every model_type outside a
+    # two-entry denylist, so a config.json with `auto_map: {"AutoConfig": "x.Cls"}` makes
+    # transformers import x.py from the model folder (arbitrary code) in every rank. The decision is
+    # a local variable of that method, with no parameter to turn it off, so the only alternatives
+    # to this are copying the ~120-line method or a sanitised copy of the folder. The backend's
+    # module-level `AutoConfig` name is rebound here, for the duration of the call only, to a
+    # subclass that forces `trust_remote_code=False` (a folder that needs remote code then fails in
+    # transformers with "contains custom code"). `refuse_remote_code` runs first for a clear message.
+    # Test: tests/test_security.py::test_hf_adapter_never_runs_model_folder_code (fails without this).
+    """
+    real = _backend.AutoConfig
+
+    class _LocalCodeOnlyAutoConfig(real):
+        @classmethod
+        def from_pretrained(cls, *args, **kwargs):
+            kwargs["trust_remote_code"] = False
+            return real.from_pretrained(*args, **kwargs)
+
+    _backend.AutoConfig = _LocalCodeOnlyAutoConfig
+    try:
+        yield
+    finally:
+        _backend.AutoConfig = real
 
 
 def fix_rotary_inv_freq(model: torch.nn.Module) -> int:
@@ -67,7 +122,8 @@ def document_causal_mask(positions: torch.Tensor) -> torch.Tensor:
 
 
 class HFQwen3Model(HFTransformerModel):
-    """The backend's model with RoPE initialised correctly (flex attention)."""
+    """The backend's model with RoPE initialised correctly (flex attention), loading its
+    config.json without remote code."""
 
     @dataclass(kw_only=True, slots=True, init=False)
     class Config(HFTransformerModel.Config):
@@ -75,6 +131,12 @@ class HFQwen3Model(HFTransformerModel):
         # subclass's inherited __init__ with a generated one that rejects `model_config`.
         def __init__(self, model_config, **kwargs):
             HFTransformerModel.Config.__init__(self, model_config, **kwargs)
+
+        def update_from_config(self, *, config=None, **kwargs):
+            # The backend's only load of the HF config (see `local_code_only`).
+            refuse_remote_code(getattr(config, "hf_model", ""))
+            with local_code_only():
+                return HFTransformerModel.Config.update_from_config(self, config=config, **kwargs)
 
     def init_states(self, *, buffer_device: torch.device | None = None) -> None:
         HFTransformerModel.init_states(self, buffer_device=buffer_device)
