@@ -69,7 +69,7 @@ def preflight(inv: Invocation) -> list[Point]:
     checks in about a second."""
     points = sweep_points(inv.overrides) if inv.multirun else [inv.overrides]
     out, errors, pinned = [], [], []
-    with Composer(inv.config_dir, inv.config_name) as composer:
+    with Composer(inv.config_dir, inv.config_name, inv.search_dirs) as composer:
         for i, point in enumerate(points):
             context = f"sweep point {i + 1}/{len(points)} [{' '.join(shown(o) for o in point if not o.startswith('hydra.'))}]" \
                 if inv.multirun else None
@@ -196,6 +196,12 @@ def _task(cfg) -> None:
     data = OmegaConf.to_container(cfg, resolve=True)
     data.pop("hydra", None)
     run_dir = Path(hc.runtime.output_dir)
+    from qwen3exp.provenance import redact_hydra_record
+
+    if hc.output_subdir:
+        redact_hydra_record(run_dir / hc.output_subdir)
+    if multirun:
+        redact_hydra_record(Path(hc.sweep.dir), ("multirun.yaml",))
     exp = validate_experiment(data)
     if multirun:
         try:
@@ -272,9 +278,17 @@ def _run_hydra(inv: Invocation, extra: list[str]) -> None:
 def main(argv: list[str] | None = None, *, command: list[str] | None = None) -> int:
     """`command`: the command line to record (default: `python -m qwen3exp ARGV`)."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["init"]:
+        from qwen3exp import scaffold
+
+        return scaffold.main(argv[1:])
     command = command or [sys.executable, "-m", "qwen3exp", *argv]
     os.environ[COMMAND_ENV] = json.dumps(command)
-    inv = parse_argv(argv)
+    try:
+        inv = parse_argv(argv)
+    except ConfigError as e:
+        print(e.render(), file=sys.stderr)
+        return EXIT_CONFIG_ERROR
     if inv.info_flags:  # --help, --cfg job, ...: Hydra answers by itself
         _run_hydra(inv, [])
         return 0

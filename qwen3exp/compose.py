@@ -10,28 +10,36 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qwen3exp.errors import ConfigError, MISSING, Problem, did_you_mean, one_of
+from qwen3exp.errors import ConfigError, MISSING, Problem, did_you_mean, nearby_path, one_of
 from qwen3exp.sweep import register_resolver
 
 # conf/config.yaml names sweep job folders with ${qwen3exp.safe_dirname:...}; every process that
 # composes (this one, and a launcher plugin's job process, which imports qwen3exp.cli) needs it.
 register_resolver()
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = (Path(__file__).parent / "conf").resolve()
+"""The packaged config groups: in a wheel, qwen3exp/conf; in the source tree a link to conf/."""
 CONFIG_NAME = "config"
 GROUPS = ("model", "parallelism", "kernels", "checkpoint", "platform", "data", "launcher", "experiment")
 
-# Flags that take a value and belong to Hydra itself.
-_HYDRA_VALUE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
-                      "--experimental-rerun"}
-_HYDRA_BARE_FLAGS = {"--resolve"}
+# Hydra's flags, by what qwen3exp does with them. Everything else that starts with '-' is refused
+# (exit 2): a flag passed through to Hydra unchecked could start a run that no check has seen.
+_INFO_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--info", "-i", "--cfg", "-c",
+               "--shell-completion", "-sc", "--resolve", "--package", "-p"}
+"""Flags that make Hydra print something instead of running the task (nothing starts)."""
+_INFO_VALUE = {"--cfg": ("job", "hydra", "all"), "-c": ("job", "hydra", "all"),
+               "--info": ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath"),
+               "-i": ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")}
+_REFUSED = {"--experimental-rerun": "rerun a recorded run with python -m qwen3exp.relaunch RUN_DIR (it checks the "
+                                    "recorded config before running anything)"}
 
 
 @dataclass
 class Invocation:
     multirun: bool = False
     overrides: list[str] = field(default_factory=list)
-    """User overrides (key=value, group=option, +key=value, ~key), hydra.* included."""
+    """User overrides (key=value, group=option, +key=value, ~key), hydra.* included; --config-dir
+    becomes a `hydra.searchpath` override here, so that the checks and the run see the same files."""
     config_dir: Path = CONF_DIR
     config_name: str = CONFIG_NAME
     info_flags: list[str] = field(default_factory=list)
@@ -39,6 +47,9 @@ class Invocation:
     output_dir: str | None = None
     """The run directory (multirun: the sweep directory) as composed by the preflight; Hydra is
     then pinned to it, so `${qwen3exp.stamp:}` in the default names resolves once for every point."""
+    search_dirs: list[Path] = field(default_factory=list)
+    """Config directories added with --config-dir / -cd / hydra.searchpath=[file://...] (their
+    group options count as options for the checks)."""
 
     @property
     def user_overrides(self) -> list[str]:
@@ -51,31 +62,125 @@ class Invocation:
         return [*argv, *self.info_flags, *self.overrides, *extra]
 
 
+_FLAG_ALLOWED = ("-m/--multirun, --config-dir/-cd DIR, --config-path/-cp DIR, --config-name/-cn NAME, "
+                 "--help, --hydra-help, --version, --info [all|config|defaults|...], --cfg job|hydra|all "
+                 "[--package PKG] [--resolve], --shell-completion; everything else is key=value")
+
+
 def parse_argv(argv: list[str]) -> Invocation:
+    """Hydra's command line, as qwen3exp runs it; raises ConfigError for a flag it does not run
+    through the checks (exit 2 before anything starts)."""
     inv = Invocation()
-    it = iter(argv)
-    for arg in it:
+    problems: list[Problem] = []
+    config_dirs: list[str] = []
+    args = list(argv)
+    i = 0
+
+    def value(flag: str) -> str | None:
+        nonlocal i
+        if "=" in args[i] and args[i].startswith("-"):
+            return args[i].split("=", 1)[1]
+        if i + 1 < len(args):
+            i += 1
+            return args[i]
+        problems.append(Problem("(command line)", flag, "needs a value", _FLAG_ALLOWED))
+        return None
+
+    while i < len(args):
+        arg = args[i]
+        flag = arg.split("=", 1)[0] if arg.startswith("-") else arg
         if arg in ("-m", "--multirun"):
             inv.multirun = True
-        elif arg in ("--config-path", "-cp"):
-            inv.config_dir = Path(next(it, ".")).resolve()
-        elif arg.startswith("--config-path="):
-            inv.config_dir = Path(arg.split("=", 1)[1]).resolve()
-        elif arg in ("--config-name", "-cn"):
-            inv.config_name = next(it, CONFIG_NAME)
-        elif arg.startswith("--config-name="):
-            inv.config_name = arg.split("=", 1)[1]
-        elif arg in _HYDRA_VALUE_FLAGS:
-            inv.info_flags += [arg, next(it, "")]
-        elif arg.startswith("-") and arg not in _HYDRA_BARE_FLAGS and "=" not in arg:
+        elif arg in ("-r", "--run"):
+            pass  # run mode is the default
+        elif flag in ("--config-path", "-cp"):
+            if (v := value(flag)) is not None:
+                inv.config_dir = Path(v).resolve()
+        elif flag in ("--config-name", "-cn"):
+            if (v := value(flag)) is not None:
+                inv.config_name = v
+        elif flag in ("--config-dir", "-cd"):
+            if (v := value(flag)) is not None:
+                config_dirs.append(v)
+        elif flag in _REFUSED:
+            problems.append(Problem("(command line)", arg, "is not run by qwen3exp", _REFUSED[flag]))
+            value(flag)
+        elif flag in _INFO_FLAGS:
             inv.info_flags.append(arg)
-            if arg in ("--cfg", "-c", "--package", "-p", "--info", "-i") :
-                nxt = next(it, None)
-                if nxt is not None:
-                    inv.info_flags.append(nxt)
+            options = _INFO_VALUE.get(flag)
+            if options and "=" not in arg and i + 1 < len(args) and args[i + 1] in options:
+                i += 1
+                inv.info_flags.append(args[i])
+            elif flag in ("--package", "-p") and "=" not in arg:
+                if (v := value(flag)) is not None:
+                    inv.info_flags.append(v)
+        elif arg.startswith("-"):
+            problems.append(Problem("(command line)", arg, "unknown flag", _FLAG_ALLOWED))
         else:
             inv.overrides.append(_global_experiment(arg))
+        i += 1
+    if inv.info_flags and any(f in ("--package", "-p") for f in inv.info_flags) and \
+            not any(f.split("=")[0] in ("--cfg", "-c") for f in inv.info_flags):
+        problems.append(Problem("(command line)", "--package", "only prints a config package together with --cfg",
+                                "--cfg job|hydra|all --package PKG"))
+    for d in config_dirs:
+        path = Path(d).expanduser().resolve()
+        if not path.is_dir():
+            problems.append(Problem("--config-dir", d, "folder does not exist" if not path.exists() else "is not a folder",
+                                    "a folder of config groups (model/, data/, experiment/, ...)", nearby_path(path)))
+        else:
+            inv.search_dirs.append(path)
+    if problems:
+        raise ConfigError(problems)
+    if inv.search_dirs:
+        inv.overrides = _with_search_path(inv.overrides, inv.search_dirs)
+    inv.search_dirs = [*inv.search_dirs, *_file_search_dirs(inv.overrides, skip=inv.search_dirs)]
     return inv
+
+
+def _with_search_path(overrides: list[str], dirs: list[Path]) -> list[str]:
+    """--config-dir DIR as Hydra's own `hydra.searchpath` (after the packaged conf/, before a
+    hydra.searchpath given on the command line, as Hydra orders them)."""
+    extra = [f"file://{d}" for d in dirs]
+    out, merged = [], False
+    for o in overrides:
+        if o.split("=", 1)[0] == "hydra.searchpath":
+            from hydra.core.override_parser.overrides_parser import OverridesParser
+
+            value = OverridesParser.create().parse_override(o).value()
+            listed = value if isinstance(value, list) else [value]
+            o = "hydra.searchpath=[" + ",".join(_quoted(p) for p in [*extra, *map(str, listed)]) + "]"
+            merged = True
+        out.append(o)
+    if not merged:
+        out.append("hydra.searchpath=[" + ",".join(_quoted(p) for p in extra) + "]")
+    return out
+
+
+def _quoted(path: str) -> str:
+    return "'" + path.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _file_search_dirs(overrides: list[str], skip: list[Path]) -> list[Path]:
+    """The local folders of a `hydra.searchpath=[file://...]` override (for the group options)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    found = []
+    for o in overrides:
+        if o.split("=", 1)[0] != "hydra.searchpath":
+            continue
+        try:
+            value = OverridesParser.create().parse_override(o).value()
+        except OverrideParseException:
+            continue
+        for entry in value if isinstance(value, list) else [value]:
+            entry = str(entry)
+            if entry.startswith("file://"):
+                path = Path(entry[len("file://"):]).resolve()
+                if path not in skip and path not in found:
+                    found.append(path)
+    return found
 
 
 def _global_experiment(arg: str) -> str:
@@ -95,8 +200,15 @@ def shown(override: str) -> str:
     return override.replace("experiment@_global_=", "experiment=", 1)
 
 
-def group_options(config_dir: Path = CONF_DIR) -> dict[str, list[str]]:
-    return {g: sorted(p.stem for p in (config_dir / g).glob("*.yaml")) for g in GROUPS if (config_dir / g).is_dir()}
+def group_options(config_dir: Path = CONF_DIR, extra: list[Path] | tuple[Path, ...] = ()) -> dict[str, list[str]]:
+    """The options of every config group: the packaged files plus those of added config dirs
+    (--config-dir, hydra.searchpath); an added dir may also bring groups of its own."""
+    out: dict[str, set[str]] = {}
+    for d in (config_dir, *extra):
+        for g in GROUPS:
+            if (d / g).is_dir():
+                out.setdefault(g, set()).update(p.stem for p in (d / g).glob("*.yaml"))
+    return {g: sorted(v) for g, v in out.items()}
 
 
 def sweep_points(overrides: list[str]) -> list[list[str]]:
@@ -174,10 +286,11 @@ class Composer:
     Use as a context manager (it owns the global Hydra state while open).
     """
 
-    def __init__(self, config_dir: Path = CONF_DIR, config_name: str = CONFIG_NAME) -> None:
+    def __init__(self, config_dir: Path = CONF_DIR, config_name: str = CONFIG_NAME,
+                 search_dirs: list[Path] | tuple[Path, ...] = ()) -> None:
         self.config_dir = Path(config_dir)
         self.config_name = config_name
-        self._options = group_options(self.config_dir)
+        self._options = group_options(self.config_dir, search_dirs)
         self._base: dict[tuple[str, ...], object] = {}
         self._base_error: dict[tuple[str, ...], Exception] = {}
         self._defaults: dict[tuple[str, ...], list] = {}

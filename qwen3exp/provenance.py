@@ -122,6 +122,24 @@ def redact_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
     return out
 
 
+HYDRA_RECORDS = ("overrides.yaml", "hydra.yaml")
+"""Hydra's own record of the command line in `.hydra/` (config.yaml holds the experiment only)."""
+
+
+def redact_hydra_record(folder: Path, names: tuple[str, ...] = HYDRA_RECORDS) -> None:
+    """Hydra writes the command line's overrides into `.hydra/overrides.yaml` and `hydra.yaml` (and
+    a sweep's `multirun.yaml`) before the job starts; rewrite them with secrets redacted."""
+    for name in names:
+        path = folder / name
+        try:
+            text = path.read_text()
+        except OSError:
+            continue
+        safe = redact_text(text)
+        if safe != text:
+            rundir.atomic_write_text(path, safe)
+
+
 def redact_env(env) -> dict[str, str]:
     """An environment (name -> value) safe to record: the value of every variable named like a secret
     is `***`, every other value goes through `redact_text` (HF_ENDPOINT=https://user:pw@host)."""
@@ -138,7 +156,7 @@ def collect(facts, exp_hash: str, origin: Origin | None) -> tuple[dict, str | No
     for key in ("override_dirname", "sweep_dir"):
         if hydra[key] is not None:
             hydra[key] = redact_text(hydra[key])
-    git, diff = git_state(SOURCE_ROOT)
+    git, diff = source_git_state()
     prov = {
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "experiment_hash": exp_hash,
@@ -158,6 +176,7 @@ def collect(facts, exp_hash: str, origin: Origin | None) -> tuple[dict, str | No
             "cpu": _cpu_name(),
             "cpu_count": os.cpu_count(),
         },
+        "experiments": experiments_state(hydra["config_sources"]),
         "hostname": socket.gethostname(),
         "env": relevant_env(os.environ),
         "rank_env": redact_env(facts.env),
@@ -195,6 +214,36 @@ def versions() -> dict[str, str | None]:
 def _git(root: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=True,
                           timeout=60).stdout
+
+
+def source_git_state() -> tuple[dict, str | None]:
+    """qwen3exp's own source tree, when it runs from a checkout (an installed wheel has none: its
+    version is in `versions`). Only SOURCE_ROOT's own repository counts: a venv inside a user's
+    repository must not record that repository as qwen3exp's source."""
+    if not (SOURCE_ROOT / ".git").exists():
+        return {"repo": None, "commit": None, "dirty": None,
+                "error": f"qwen3exp is installed, not a checkout (version {versions().get('qwen3exp')})"}, None
+    return git_state(SOURCE_ROOT)
+
+
+def experiments_state(config_sources: list[str]) -> dict:
+    """The git state of the repository that holds the experiment files: the first config folder on
+    the search path that is not qwen3exp's own (--config-dir, hydra.searchpath, --config-path), or
+    qwen3exp's packaged conf/ when there is none. Its diff is not copied (see `git_state`)."""
+    from qwen3exp.compose import CONF_DIR
+
+    folders = []
+    for entry in config_sources:
+        provider, _, where = entry.partition(": ")
+        if provider in ("hydra", "schema") or not where.startswith("file://"):
+            continue
+        path = Path(where[len("file://"):]).resolve()
+        if path != CONF_DIR:
+            folders.append(path)
+    if not folders:
+        return {"config_dir": str(CONF_DIR), "packaged": True}
+    state, _diff = git_state(folders[0])
+    return {"config_dir": str(folders[0]), "packaged": False, "git": state}
 
 
 def git_state(root: Path) -> tuple[dict, str | None]:

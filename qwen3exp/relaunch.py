@@ -249,7 +249,7 @@ def _compose(config_dir: Path, overrides: list[str], recorded: dict | None):
     ovs = [_global_experiment(o) for o in overrides]
     if not any(o.startswith("hydra.run.dir=") for o in ovs):
         name = (recorded or {}).get("name", "relaunch")
-        stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+        stamp = rundir.stamp()
         ovs.append(f"hydra.run.dir={_quote(f'outputs/{name}/{stamp}-relaunch')}")
     composed = compose_point(ovs, config_dir=config_dir, config_name="config")
     return validate_experiment(composed.data), composed.run_dir
@@ -284,7 +284,7 @@ def _report_code(run: Path) -> None:
         return
     notes = []
     then = prov.get("git") or {}
-    now, diff_now = provenance.git_state(provenance.SOURCE_ROOT)
+    now, diff_now = provenance.source_git_state()
     if then.get("commit") != now.get("commit"):
         notes.append(f"git commit {then.get('commit')} then, {now.get('commit')} now")
     if then.get("dirty"):

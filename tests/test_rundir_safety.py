@@ -174,7 +174,10 @@ def test_concurrent_launches_get_their_own_directories(tmp_path):
     n = 8
 
     def one(i: int):
-        return run_cli(*FAST, f"training.seed={i}", cwd=tmp_path, timeout=900)
+        # A secret on the command line (here: an environment variable Hydra sets for the job) must not
+        # land in any file of the run.
+        return run_cli(*FAST, f"training.seed={i}", "+hydra.job.env_set.WANDB_API_KEY=sekrit_abc123",
+                       cwd=tmp_path, timeout=900)
 
     with ThreadPoolExecutor(max_workers=n) as pool:
         results = list(pool.map(one, range(n)))
@@ -195,6 +198,8 @@ def test_concurrent_launches_get_their_own_directories(tmp_path):
         assert json.loads((run / "plan.json").read_text())["run_dir"].endswith(run.name)
         assert f"training.seed={seed}" in (run / ".hydra" / "overrides.yaml").read_text()
     assert seeds == set(range(n))
+    leaked = [str(p) for p in tmp_path.rglob("*") if p.is_file() and b"sekrit_abc123" in p.read_bytes()]
+    assert not leaked, leaked
     names = [r.name for r in runs]
     assert names == sorted(names) and len(set(names)) == n
 
