@@ -1,18 +1,46 @@
-"""Pre-launch checks of the data an experiment reads (the model's files: `qwen3exp.model_files`):
-the path exists and holds at least one text file the dataset loader reads. Cheap: no `datasets`
-import, no file is opened.
+"""Pre-launch checks of the data an experiment reads (the model's files: `qwen3exp.model_files`).
+
+The path exists and holds data files the loader (`qwen3exp.titan.dataset`, which hands the files to
+`datasets`' "text" or "json" builder) reads, and the first records of each file are what that
+loader accepts, so an empty, binary or malformed file is refused before any worker starts, with the
+file and the line:
+- every file: not empty, UTF-8;
+- .txt (all files .txt: the "text" builder, one document per blank-line separated paragraph): some
+  text that is not whitespace, no NUL bytes (a binary file);
+- .jsonl / .json (the "json" builder, which reads every file of the folder as JSON, .txt included):
+  one JSON object per line holding `data.text_field` as a non-empty string, or a file that starts
+  with `[` (a JSON array of such objects, or of strings when the field is "text"). Like `datasets`
+  4.7, blank lines and a byte-order mark are refused in the first file (its first block is parsed
+  line by line), and accepted in the others (pyarrow skips them).
+
+Bounded: the first `MAX_LINES` lines or `READ_BYTES` of each file (a first line longer than that is
+read up to `MAX_LINE_BYTES`), of the first `MAX_FILES` files in the loader's order. Cheap: no
+`datasets` import.
 """
 
 from __future__ import annotations
 
+import codecs
+import json
 from pathlib import Path
 
-from qwen3exp.errors import Problem, nearby_path
+from qwen3exp.errors import Problem, did_you_mean, nearby_path
+
+MAX_FILES = 32
+"""Files checked (in the loader's order); the rest are only listed by the loader."""
+MAX_LINES = 100
+"""Records (lines, or array elements) checked per file."""
+READ_BYTES = 1 * 2**20
+"""Bytes read per file (after the line that crosses this limit, reading stops)."""
+MAX_LINE_BYTES = 16 * 2**20
+"""The longest line read whole (a longer one is checked for UTF-8 only)."""
+MAX_REPORTED = 5
+"""Files with a problem reported one by one before the rest are counted."""
 
 
 def data_problems(data) -> list[Problem]:
-    """data.path exists and holds at least one readable text file."""
-    from qwen3exp.titan.dataset import SUFFIXES  # plain constants; no torchtitan import
+    """data.path exists and holds data files whose first records the loader accepts."""
+    from qwen3exp.titan.dataset import SUFFIXES, data_files  # plain Python; no torchtitan import
 
     match data.source:
         case "bundled":
@@ -24,6 +52,234 @@ def data_problems(data) -> list[Problem]:
                 return [Problem("data.path", data.path, "does not exist", allowed, nearby_path(path))]
             if path.is_file() and path.suffix not in SUFFIXES:
                 return [Problem("data.path", data.path, f"unsupported file type {path.suffix or '(none)'}", allowed)]
-            if path.is_dir() and next((f for f in path.rglob("*") if f.suffix in SUFFIXES and f.is_file()), None) is None:
+            files = [Path(f) for f in data_files(path)]
+            if not files:
                 return [Problem("data.path", data.path, "the folder holds no data file", allowed)]
+            return content_problems(data.path, files, data.text_field)
     return []
+
+
+def content_problems(value: str, files: list[Path], text_field: str) -> list[Problem]:
+    """The first records of `files` (the loader's list, in its order); `value` is data.path as given.
+    Messages name a file by its path inside data.path (its name when data.path is the file)."""
+    root = Path(value)
+
+    def shown(f: Path) -> str:
+        return str(f.relative_to(root)) if root.is_dir() and f.is_relative_to(root) else f.name
+
+    text_only = all(f.suffix == ".txt" for f in files)
+    problems: list[Problem] = []
+    if not text_only and any(f.suffix == ".txt" for f in files):
+        txt = [f for f in files if f.suffix == ".txt"]
+        problems.append(Problem("data.path", value, f"mixes .txt files ({', '.join(map(shown, txt[:3]))}"
+                                f"{f' and {len(txt) - 3} more' if len(txt) > 3 else ''}) with .jsonl/.json files: the "
+                                "loader then reads every file as JSON lines, and a .txt file is not",
+                                "a folder of .txt files only, or of .jsonl / .json files only",
+                                "move the .txt files to a folder of their own"))
+        files = [f for f in files if f.suffix != ".txt"]
+    field_problem: Problem | None = None
+    bad_files: list[Problem] = []
+    for i, f in enumerate(files[:MAX_FILES]):
+        try:
+            found = _check_text(f) if text_only else _check_json(f, text_field, first=(i == 0))
+        except OSError as e:
+            found = f"cannot be read ({e.strerror or e})"
+        if found is None:
+            continue
+        if isinstance(found, Problem):  # the text field itself is wrong, not the file
+            field_problem = field_problem or found
+            continue
+        bad_files.append(Problem("data.path", value, f"{shown(f)}: {found}", _ALLOWED_TXT if text_only else
+                                 _allowed_json(text_field)))
+    if len(bad_files) > MAX_REPORTED:
+        rest = len(bad_files) - MAX_REPORTED
+        bad_files = bad_files[:MAX_REPORTED]
+        last = bad_files[-1]
+        bad_files[-1] = Problem(last.key, last.value, f"{last.message} (and {rest} more file(s) with problems)",
+                                last.allowed, last.hint)
+    return problems + ([field_problem] if field_problem else []) + bad_files
+
+
+_ALLOWED_TXT = "UTF-8 text files that hold some text (one document per blank-line separated paragraph)"
+
+
+def _allowed_json(field: str) -> str:
+    return f'UTF-8 JSON lines, one object per line with "{field}" a non-empty string'
+
+
+def _head(path: Path) -> tuple[bytes, bool]:
+    """(the first bytes of the file, whether that is all of it): whole lines up to READ_BYTES, at
+    least the first line up to MAX_LINE_BYTES."""
+    with open(path, "rb") as f:
+        data = f.read(READ_BYTES)
+        if len(data) == READ_BYTES:
+            if b"\n" not in data:  # one long first line: read it whole, up to the cap
+                data += f.readline(MAX_LINE_BYTES - READ_BYTES)
+            else:
+                data += f.readline(MAX_LINE_BYTES)  # finish the line that crosses the limit
+        return data, f.read(1) == b""
+
+
+def _utf8_error(data: bytes, complete: bool) -> str | None:
+    """'line N: ...' when `data` is not UTF-8 (a character cut at the end of a partial read is fine)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        decoder.decode(data, final=complete)
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        return f"line {line}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); is it a binary file?"
+    return None
+
+
+def _check_text(path: Path) -> str | None:
+    data, complete = _head(path)
+    if not data:
+        return "the file is empty"
+    bad = _utf8_error(data, complete)
+    if bad:
+        return bad
+    if b"\x00" in data:
+        line = data.count(b"\n", 0, data.index(b"\x00")) + 1
+        return f"line {line}: holds NUL bytes; is it a binary file?"
+    if complete and not data.strip():
+        return "holds only whitespace: no text to train on"
+    return None
+
+
+def _check_json(path: Path, field: str, *, first: bool) -> str | Problem | None:
+    data, complete = _head(path)
+    if not data:
+        return "the file is empty"
+    bad = _utf8_error(data, complete)
+    if bad:
+        return bad
+    if data.startswith(b"\xef\xbb\xbf"):
+        if first:
+            return ("line 1: starts with a UTF-8 byte-order mark, which the JSON loader rejects in the first "
+                    "file; save it as UTF-8 without BOM")
+        data = data[3:]
+    text = data.decode("utf-8", errors="ignore")  # valid, except maybe a character cut at the end
+    if data.startswith(b"["):
+        return _check_array(text, complete, field)
+    lines = text.split("\n")
+    if not complete:
+        lines = lines[:-1] or lines  # the last line may be cut short; a single long line is checked as far as read
+    records = 0
+    for number, line in enumerate(lines, 1):
+        if records >= MAX_LINES:
+            break
+        if not line.strip():
+            if number == len(lines) and line == "":
+                continue  # the newline that ends the last line
+            if first:
+                return f"line {number} is blank: the JSON loader rejects blank lines in the first file"
+            continue
+        if not complete and number == len(lines) and len(data) >= MAX_LINE_BYTES:
+            return None  # a line longer than the cap: UTF-8 checked, JSON not
+        records += 1
+        found = _check_record(line, number, field)
+        if found is not None:
+            return found
+    if records == 0:
+        return "holds no JSON record (only blank lines)"
+    return None
+
+
+def _check_record(line: str, number: int, field: str) -> str | Problem | None:
+    try:
+        record = json.loads(line, object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as e:
+        return f"line {number}: key {e.args[0]!r} appears twice in one object, which the JSON loader rejects"
+    except json.JSONDecodeError as e:
+        what = "two JSON values on one line" if e.msg == "Extra data" else e.msg
+        return f"line {number}: not valid JSON ({what} at column {e.colno})"
+    return _check_value(record, f"line {number}", field)
+
+
+def _check_value(record, where: str, field: str) -> str | Problem | None:
+    if not isinstance(record, dict):
+        return f"{where}: a JSON {_json_type(record)}, not an object {{\"{field}\": ...}}"
+    if field not in record:
+        keys = [str(k) for k in record]
+        if where in ("line 1", "element 1"):  # the very first record: the field name is the mistake
+            return Problem("data.text_field", field, f"the first record ({where}) has no key {field!r} "
+                           f"(its keys: {', '.join(keys) or 'none'})",
+                           "a key of every record that holds its text", did_you_mean(field, keys))
+        return f"{where}: has no key {field!r} (its keys: {', '.join(keys) or 'none'})"
+    value = record[field]
+    if not isinstance(value, str):
+        return f"{where}: {field!r} is a JSON {_json_type(value)}, not a string"
+    if not value:
+        return f"{where}: {field!r} is an empty string"
+    return None
+
+
+def _check_array(text: str, complete: bool, field: str) -> str | Problem | None:
+    """A file that starts with '[': the JSON loader reads it whole as a list of objects, or of strings
+    (which it names "text"). The elements read so far are checked one by one."""
+    decoder = json.JSONDecoder(object_pairs_hook=_no_duplicates)
+    pos, n, strings = 1, 0, False
+    while n < MAX_LINES:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text):
+            return "the JSON array is not closed" if complete else None
+        if text[pos] == "]":
+            return "holds an empty JSON array" if n == 0 else None
+        try:
+            element, pos = decoder.raw_decode(text, pos)
+        except _DuplicateKey as e:
+            return f"element {n + 1}: key {e.args[0]!r} appears twice in one object, which the JSON loader rejects"
+        except json.JSONDecodeError as e:
+            # An element cut by the end of what was read fails at the end, or as a string that never
+            # ends (reported where the string starts); within a file's first bytes neither can happen.
+            if not complete and (e.pos >= len(text) - 1 or e.msg.startswith("Unterminated string")):
+                return None
+            return f"line {e.lineno}: not valid JSON ({e.msg} at column {e.colno})"
+        n += 1
+        if n == 1 and isinstance(element, str):
+            strings = True
+            if field != "text":
+                return (f"is a JSON array of strings, which the loader names \"text\", but data.text_field is "
+                        f"{field!r}")
+        if strings:
+            if not isinstance(element, str):
+                return f"element {n}: a JSON {_json_type(element)} in an array of strings"
+            if not element:
+                return f"element {n}: an empty string"
+            continue
+        found = _check_value(element, f"element {n}", field)
+        if found is not None:
+            return found
+    return None
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    # pyarrow's JSON reader refuses "Column(/text) was specified twice"; Python keeps the last value.
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
+def _json_type(value) -> str:
+    match value:
+        case None:
+            return "null"
+        case bool():
+            return "boolean"
+        case int() | float():
+            return "number"
+        case str():
+            return "string"
+        case list():
+            return "array"
+        case dict():
+            return "object"
+    return type(value).__name__

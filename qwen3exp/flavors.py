@@ -125,7 +125,19 @@ HF_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 
 
 class HFConfigError(ValueError):
-    """config.json is missing, unreadable, or not a Qwen3 architecture."""
+    """config.json is missing, unreadable, or not a Qwen3 architecture the chosen backend can build."""
+
+    def __init__(self, message: str, *, allowed: str | None = None, hint: str | None = None):
+        super().__init__(message)
+        self.allowed = allowed
+        """What would be accepted instead (None: a Qwen3 architecture)."""
+        self.hint = hint
+
+
+# RoPE types transformers 5 implements (`transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS`, plus
+# "default"); model=hf builds them, the native Qwen3 only "default" (plain RoPE, `CosSinRoPE`).
+# Copied so that planning imports no transformers; tests/test_preflight_files.py compares the two.
+HF_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
 
 
 def read_hf_config(folder: str | Path) -> dict:
@@ -133,27 +145,63 @@ def read_hf_config(folder: str | Path) -> dict:
     if not path.is_file():
         raise HFConfigError(f"{path} does not exist")
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        cfg = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise HFConfigError(f"{path} is not valid JSON ({e})") from e
+    if not isinstance(cfg, dict):
+        raise HFConfigError(f"{path} holds a JSON {type(cfg).__name__}, not an object")
+    return cfg
 
 
-def arch_from_hf_config(cfg: dict) -> Arch:
-    """The native architecture that holds a published Qwen3 / Qwen3-MoE checkpoint exactly.
+def rope_scalings(cfg: dict) -> list[tuple[str, str]]:
+    """(config.json key, rope type) for every RoPE entry that is not plain RoPE. Both keys count:
+    transformers 5 reads the legacy `rope_scaling` over `rope_parameters` when both are present."""
+    out = []
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = cfg.get(key)
+        if rope is None:
+            continue
+        if not isinstance(rope, dict):
+            out.append((key, repr(rope)))
+            continue
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", None):
+            out.append((key, str(rope_type)))
+    return out
 
-    Raises HFConfigError for anything the native Qwen3 cannot represent exactly (other
-    architectures, RoPE scaling, attention bias, sliding windows, mixed dense/MoE layouts,
-    unnormalised top-k routing), so such a checkpoint is refused instead of trained subtly wrong."""
+
+def arch_from_hf_config(cfg: dict, *, backend: str = "native") -> Arch:
+    """The architecture of a published Qwen3 / Qwen3-MoE config.json, for `backend`.
+
+    backend="native": the native architecture that holds the checkpoint exactly; raises HFConfigError
+    for anything the native Qwen3 cannot represent (other architectures, RoPE scaling, attention
+    bias, sliding windows, mixed dense/MoE layouts, unnormalised top-k routing), so such a checkpoint
+    is refused instead of trained subtly wrong. backend="hf" (transformers builds the model): RoPE
+    scaling is accepted when transformers implements its type (`HF_ROPE_TYPES`)."""
     archs = cfg.get("architectures") or []
     if not any(a in HF_ARCHITECTURES for a in archs) and cfg.get("model_type") not in ("qwen3", "qwen3_moe"):
         raise HFConfigError(
             f"architecture {archs or cfg.get('model_type')!r} is not Qwen3; allowed: {', '.join(HF_ARCHITECTURES)}"
         )
     unsupported = []
-    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-    if rope_type not in ("default", None):
-        unsupported.append(f"RoPE scaling {rope_type!r} (native Qwen3 has plain RoPE)")
+    ropes = rope_scalings(cfg)
+    if backend == "native" and ropes:
+        # The native model would train plain RoPE where Hugging Face uses the scaled one: silently a
+        # different model at long range. Refused, naming the key, with the backend that can do it.
+        said = "; ".join(f"{k} asks for RoPE scaling {t!r}" for k, t in ropes)
+        can = all(t in HF_ROPE_TYPES for _, t in ropes)
+        raise HFConfigError(
+            f"{said}, which the native Qwen3 cannot represent (it trains plain RoPE, so the model would "
+            "silently differ from the checkpoint)",
+            allowed="for model=native: no rope_scaling, or rope_type 'default'",
+            hint=("model=hf builds it (transformers implements " + ", ".join(repr(t) for _, t in ropes) + ")"
+                  if can else f"neither backend implements it; transformers implements {', '.join(HF_ROPE_TYPES)}"))
+    if backend == "hf":
+        bad = [(k, t) for k, t in ropes if t not in HF_ROPE_TYPES]
+        if bad:
+            raise HFConfigError("; ".join(f"{k} asks for RoPE scaling {t!r}" for k, t in bad)
+                                + ", which transformers does not implement",
+                                allowed=f"rope_type {', '.join(HF_ROPE_TYPES)}")
     if cfg.get("attention_bias"):
         unsupported.append("attention_bias=true")
     if cfg.get("use_sliding_window"):
@@ -161,16 +209,18 @@ def arch_from_hf_config(cfg: dict) -> Arch:
     if cfg.get("hidden_act", "silu") != "silu":
         unsupported.append(f"hidden_act={cfg.get('hidden_act')!r} (native Qwen3 uses silu)")
     try:
-        dim = int(cfg["hidden_size"])
-        n_heads = int(cfg["num_attention_heads"])
+        dim = _positive(cfg, "hidden_size")
+        n_heads = _positive(cfg, "num_attention_heads")
+        rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
         # Missing keys take transformers' Qwen3Config defaults, as AutoConfig would.
-        theta = float(cfg.get("rope_theta") or (rope or {}).get("rope_theta") or 10000.0)
+        theta = float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0)
         moe = None
         # transformers 5 writes num_local_experts; published 4.x configs say num_experts.
         experts = cfg.get("num_experts") or cfg.get("num_local_experts")
         if experts:
-            moe = MoEArch(num_experts=int(experts), top_k=int(cfg["num_experts_per_tok"]),
-                          hidden_dim=int(cfg["moe_intermediate_size"]))
+            moe = MoEArch(num_experts=_positive(cfg, "num_experts" if cfg.get("num_experts") else "num_local_experts"),
+                          top_k=_positive(cfg, "num_experts_per_tok"),
+                          hidden_dim=_positive(cfg, "moe_intermediate_size"))
             if int(cfg.get("decoder_sparse_step", 1)) != 1 or cfg.get("mlp_only_layers"):
                 unsupported.append("mixed dense/MoE layer layouts (decoder_sparse_step, mlp_only_layers)")
             if not cfg.get("norm_topk_prob", True):
@@ -178,21 +228,34 @@ def arch_from_hf_config(cfg: dict) -> Arch:
         if unsupported:
             raise HFConfigError("not representable by the native Qwen3: " + "; ".join(unsupported))
         return Arch(
-            n_layers=int(cfg["num_hidden_layers"]),
+            n_layers=_positive(cfg, "num_hidden_layers"),
             dim=dim,
             n_heads=n_heads,
-            n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
-            head_dim=int(cfg.get("head_dim") or dim // n_heads),
+            n_kv_heads=_positive(cfg, "num_key_value_heads") if cfg.get("num_key_value_heads") is not None else n_heads,
+            head_dim=_positive(cfg, "head_dim") if cfg.get("head_dim") is not None else dim // n_heads,
             hidden_dim=int(cfg.get("intermediate_size") or (moe.hidden_dim if moe else 0)),
-            vocab_size=int(cfg["vocab_size"]),
+            vocab_size=_positive(cfg, "vocab_size"),
             tied=bool(cfg.get("tie_word_embeddings", False)),
             rope_theta=theta,
             max_seq_len=int(cfg.get("max_position_embeddings", 32768)),
             norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             moe=moe,
         )
+    except HFConfigError:
+        raise
     except KeyError as e:
         raise HFConfigError(f"config.json lacks {e.args[0]!r}") from e
+    except (TypeError, ValueError) as e:  # a number written as text, a list where a number belongs
+        raise HFConfigError(f"config.json holds a value that is not a number ({e})") from e
+
+
+def _positive(cfg: dict, key: str) -> int:
+    """cfg[key] as an int > 0 (a zero head count would divide by zero below, in torchtitan or in
+    transformers)."""
+    value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise HFConfigError(f"config.json {key} is {value!r}, not a positive integer")
+    return value
 
 
 def hf_param_shapes(arch: Arch) -> dict[str, tuple[int, ...]]:

@@ -43,7 +43,10 @@ about L layers' worth, so L is used unchanged. Attention itself is assumed memor
 / flash / flex: no seq_len^2 score matrix kept).
 
 A plan fits when the total is at most `USABLE_FRACTION` of the platform's memory per rank; the
-rest is left for the runtime, the allocator's fragmentation and communication buffers.
+rest is left for the runtime, the allocator's fragmentation and communication buffers. On the CPU
+the ranks are processes sharing the host's memory: what each costs beyond this estimate (Python,
+torch, torchtitan, measured) is added and checked against the memory the host has available now by
+`qwen3exp.platforms.cpu.host_problems`.
 """
 
 from __future__ import annotations

@@ -5,9 +5,12 @@ starts. It resolves the architecture (flavor=auto and model=hf read config.json)
 explicit flavor against config.json key by key (Qwen3-4B-Instruct-2507's rope_theta 5e6 against
 the 4B flavor's 1e6 is an error, not something to train through), the tokenizer's vocabulary
 against the model's, and, when weights are loaded, every safetensors file's header (readable,
-not truncated) and every tensor the model needs (present, right shape). Each mistake is one
-`Problem` naming the key; all of them are reported together. Cheap: JSON and safetensors headers
-only (no torch, no transformers, no torchtitan).
+not truncated), every tensor the model needs (present, right shape, a floating-point dtype, no
+NaN or Inf in its values: `nonfinite_tensors`, within a byte budget). A folder whose config.json
+asks for remote code (`auto_map`) is refused: qwen3exp never runs code shipped in a model folder.
+Each mistake is one `Problem` naming the key; all of them are reported together. Cheap: JSON,
+safetensors headers and a bounded numpy scan of the raw bytes (no torch, no transformers, no
+torchtitan).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from qwen3exp.assets import TOKENIZER_DIR
 from qwen3exp.errors import ConfigError, Problem, nearby_path
@@ -78,7 +82,7 @@ def resolve_arch(exp: Experiment) -> Arch:
     if m.backend == "native" and m.flavor != "auto":
         return m.arch()
     folder = hf_model_folder(exp)[1] if m.backend == "hf" else assets_folder(exp)
-    arch = arch_from_hf_config(read_hf_config(folder))
+    arch = arch_from_hf_config(read_hf_config(folder), backend=m.backend)
     if m.backend == "native":
         arch = arch.reduced(n_layers=m.n_layers, num_experts=m.num_experts, top_k=m.top_k)
     return arch
@@ -93,6 +97,7 @@ def check(exp: Experiment) -> ModelFiles:
         raise ConfigError([Problem(key, str(folder), "is a file, not a folder" if folder.exists() else "folder does not exist",
                                    "a local folder with tokenizer files (and config.json, safetensors)",
                                    nearby_path(folder))])
+    problems += remote_code_problems(exp)
     arch, source = _resolve_arch(exp, folder, problems)
     if arch is None:
         raise ConfigError(problems)
@@ -122,18 +127,55 @@ def _read_config(key: str, value: str, folder: Path | None, problems: list[Probl
                                 f"a folder with a Qwen3 {CONFIG_JSON}"))
         return None
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        cfg = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         problems.append(Problem(key, value, f"{path} is not valid JSON ({e})"))
         return None
-
-
-def _arch_of(key: str, value: str, cfg: dict, problems: list[Problem]) -> Arch | None:
-    try:
-        return arch_from_hf_config(cfg)
-    except HFConfigError as e:
-        problems.append(Problem(key, value, f"{CONFIG_JSON}: {e}", ", ".join(HF_ARCHITECTURES)))
+    if not isinstance(cfg, dict):
+        problems.append(Problem(key, value, f"{path} holds a JSON {type(cfg).__name__}, not an object",
+                                f"a Qwen3 {CONFIG_JSON}"))
         return None
+    return cfg
+
+
+def _arch_of(key: str, value: str, cfg: dict, problems: list[Problem], backend: str) -> Arch | None:
+    try:
+        return arch_from_hf_config(cfg, backend=backend)
+    except HFConfigError as e:
+        problems.append(Problem(key, value, f"{CONFIG_JSON}: {e}", e.allowed or ", ".join(HF_ARCHITECTURES), e.hint))
+        return None
+
+
+def remote_code_problems(exp: Experiment) -> list[Problem]:
+    """Every model folder the experiment reads (model.hf_assets_path, model.hf_model,
+    checkpoint.path) whose config.json has an `auto_map`: the entry through which transformers
+    imports and runs Python files shipped in the folder (trust_remote_code). qwen3exp reads model
+    folders as data only, so such a folder is refused before anything starts."""
+    folders: list[tuple[str, str, Path | None]] = [("model.hf_assets_path", str(assets_folder(exp)), assets_folder(exp))]
+    if exp.model.backend == "hf" and exp.model.hf_model is not None:
+        name, folder = hf_model_folder(exp)
+        folders.append(("model.hf_model", name, folder))
+    if weights_folder(exp) is not None and exp.checkpoint.path:
+        folders.append(("checkpoint.path", exp.checkpoint.path, weights_folder(exp)))
+    problems, seen = [], set()
+    for key, value, folder in folders:
+        path = folder / CONFIG_JSON if folder is not None else None
+        if path is None or path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        try:
+            cfg = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue  # reported by the architecture check
+        auto_map = cfg.get("auto_map") if isinstance(cfg, dict) else None
+        if auto_map:
+            problems.append(Problem(
+                key, value, f"{path} has auto_map = {json.dumps(auto_map)[:200]}, which asks transformers to "
+                "import and run Python files shipped in the model folder (trust_remote_code); qwen3exp never "
+                "executes code that ships in a model folder",
+                f"a model folder whose {CONFIG_JSON} has no auto_map (a model_type transformers ships, e.g. qwen3)",
+                "for a plain Qwen3 checkpoint, delete the auto_map entry from config.json"))
+    return problems
 
 
 def _resolve_arch(exp: Experiment, folder: Path, problems: list[Problem]) -> tuple[Arch | None, str]:
@@ -143,17 +185,17 @@ def _resolve_arch(exp: Experiment, folder: Path, problems: list[Problem]) -> tup
         name, cfg_folder = hf_model_folder(exp)
         key = "model.hf_model" if m.hf_model is not None else key
         cfg = _read_config(key, name, cfg_folder, problems)
-        arch = _arch_of(key, name, cfg, problems) if cfg is not None else None
+        arch = _arch_of(key, name, cfg, problems, "hf") if cfg is not None else None
         return arch, f"{CONFIG_JSON} of {name}"
     source = f"{CONFIG_JSON} of {folder}"
     if m.flavor == "auto":
         cfg = _read_config(key, str(folder), folder, problems)
-        return (_arch_of(key, str(folder), cfg, problems) if cfg is not None else None), source
+        return (_arch_of(key, str(folder), cfg, problems, "native") if cfg is not None else None), source
     flavor = FLAVORS[m.flavor]
     if m.hf_assets_path is not None and (folder / CONFIG_JSON).is_file():
         # An explicit flavor next to a checkpoint's config.json: both must describe one model.
         cfg = _read_config(key, str(folder), folder, problems)
-        arch = _arch_of(key, str(folder), cfg, problems) if cfg is not None else None
+        arch = _arch_of(key, str(folder), cfg, problems, "native") if cfg is not None else None
         if arch is not None:
             for name, mine, theirs in arch_differences(flavor, arch):
                 problems.append(Problem(
@@ -233,6 +275,133 @@ def read_headers(files: list[Path]) -> tuple[dict[str, tuple[int, ...]], list[st
     return shapes, problems
 
 
+# ------------------------------------------------------------------ safetensors values
+# Floating-point safetensors dtypes -> (the unsigned integer of the same width, the exponent bits).
+# A value is NaN or Inf exactly when all of its exponent bits are set (IEEE 754; bfloat16 is the top
+# half of a float32; float8 e4m3 has no Inf and its NaN is S.1111.111, e5m2 is IEEE-like).
+FLOAT_DTYPES: dict[str, tuple[str, int]] = {
+    "F64": ("<u8", 0x7FF0000000000000), "F32": ("<u4", 0x7F800000), "F16": ("<u2", 0x7C00),
+    "BF16": ("<u2", 0x7F80), "F8_E5M2": ("u1", 0x7C), "F8_E4M3": ("u1", 0x7F),
+}
+SCAN_BUDGET_BYTES = 256 * 2**20
+"""Bytes of tensor data `nonfinite_tensors` reads: checkpoints up to this size are scanned whole."""
+SCAN_BLOCK_BYTES = 64 * 2**10
+"""Larger checkpoints: each tensor contributes evenly spaced blocks of this size (at least one)."""
+_SLICE = 16 * 2**20  # bytes tested at a time, so the scan's temporary arrays stay small
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    name: str
+    path: Path
+    dtype: str
+    start: int
+    """Absolute offset of the tensor's first byte in the file."""
+    nbytes: int
+
+
+def tensor_entries(files: list[Path]) -> dict[str, TensorEntry]:
+    """Tensor name -> dtype and byte range, from the safetensors headers (8 bytes little-endian
+    header length, then a JSON object {name: {dtype, shape, data_offsets: [begin, end]}} whose offsets
+    count from the end of the header). Call after `read_headers` accepted the files."""
+    out: dict[str, TensorEntry] = {}
+    for path in files:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = info["data_offsets"]
+            out[name] = TensorEntry(name, path, info["dtype"], 8 + n + begin, end - begin)
+    return out
+
+
+def _sample(nbytes: int, share: int, itemsize: int) -> list[tuple[int, int]]:
+    """(offset, length) ranges of a tensor to read: all of it when `share` covers it, else evenly
+    spaced blocks (the first and the last included), aligned to whole elements."""
+    block = max(itemsize, SCAN_BLOCK_BYTES // itemsize * itemsize)
+    if share >= nbytes or nbytes <= block:
+        return [(0, nbytes)]
+    k = max(1, share // block)
+    last = (nbytes - block) // itemsize
+    starts = sorted({(last * i // max(1, k - 1)) * itemsize for i in range(k)})
+    return [(a, block) for a in starts]
+
+
+def nonfinite_tensors(entries: list[TensorEntry], *, budget: int = SCAN_BUDGET_BYTES) -> tuple[list[str], int, int]:
+    """(names of the tensors holding NaN or Inf, bytes scanned, bytes in total) for floating-point
+    entries, testing exponent bits on the raw bytes with numpy (no torch).
+
+    Budget: when the tensors hold at most `budget` bytes (256 MiB), every value is tested. Beyond,
+    each tensor gets a share of the budget proportional to its size, read as evenly spaced 64 KiB
+    blocks (always its first and last block, at least one per tensor): the same bytes on every run,
+    about `budget` bytes in all, so a published 8 GB checkpoint is checked in about a second. A
+    checkpoint that diverged is NaN almost everywhere and is found; a single bad value in a large
+    tensor may not be. The blocks are read with seek + readinto rather than a memory map: on a file
+    that is not in the page cache, faulting a map in page by page was 25x slower here."""
+    import numpy as np
+
+    entries = [e for e in entries if e.dtype in FLOAT_DTYPES and e.nbytes > 0]
+    total = sum(e.nbytes for e in entries)
+    scanned, bad = 0, []
+    buffer = bytearray(min(_SLICE, max((e.nbytes for e in entries), default=0)))
+    files: dict[Path, BinaryIO] = {}
+    try:
+        for e in entries:
+            word, mask = FLOAT_DTYPES[e.dtype]
+            itemsize = np.dtype(word).itemsize
+            share = e.nbytes if total <= budget else budget * e.nbytes // total
+            f = files.get(e.path)
+            if f is None:
+                f = files[e.path] = open(e.path, "rb", buffering=0)
+            found = False
+            for offset, length in _sample(e.nbytes, share, itemsize):
+                for a in range(offset, offset + length, _SLICE):
+                    n = min(offset + length, a + _SLICE) - a
+                    view = memoryview(buffer)[:n]
+                    f.seek(e.start + a)
+                    if f.readinto(view) != n:
+                        raise ValueError(f"{e.path.name}: tensor {e.name} ends after the end of the file")
+                    values = np.frombuffer(view, dtype=word)
+                    scanned += n
+                    if np.any((values & mask) == mask):
+                        found = True
+                        break
+                if found:
+                    break
+            if found:
+                bad.append(e.name)
+    finally:
+        for f in files.values():
+            f.close()
+    return bad, scanned, total
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:MAX_LISTED]) + (f" and {len(names) - MAX_LISTED} more" if len(names) > MAX_LISTED else "")
+
+
+def _value_problems(key: str, folder: Path, files: list[Path], names: list[str]) -> list[Problem]:
+    """The tensors the model loads: a floating-point dtype, and finite values."""
+    entries = tensor_entries(files)
+    wanted = [entries[n] for n in names if n in entries]
+    problems = []
+    ints = [f"{e.name} ({e.dtype})" for e in wanted if e.dtype not in FLOAT_DTYPES]
+    if ints:
+        problems.append(Problem(key, str(folder), f"tensors with a dtype that is not floating point: {_listed(ints)}",
+                                f"safetensors whose weights are {', '.join(FLOAT_DTYPES)}",
+                                "a quantised or integer checkpoint cannot be loaded as model weights; use the "
+                                "unquantised (bf16 / fp32) release"))
+    bad, scanned, total = nonfinite_tensors(wanted)
+    if bad:
+        how = "every value" if scanned >= total else f"a fixed sample of {scanned / 2**20:.0f} MiB of {total / 2**30:.2f} GiB"
+        problems.append(Problem(key, str(folder), f"tensors holding NaN or Inf values: {_listed(bad)} (scanned {how})",
+                                "weights whose values are all finite",
+                                "the checkpoint is damaged or was saved after training diverged"))
+    return problems
+
+
 def _weights_problems(key: str, folder: Path, arch: Arch, *, exact: bool) -> list[Problem]:
     if not folder.is_dir():
         return [Problem(key, str(folder), "folder does not exist", "a folder with *.safetensors")]
@@ -251,7 +420,12 @@ def _weights_problems(key: str, folder: Path, arch: Arch, *, exact: bool) -> lis
     for what, names in (("missing tensors", missing), ("tensors with the wrong shape", wrong),
                         *((("tensors the model does not have", extra),) if exact else ())):
         if names:
-            listed = ", ".join(names[:MAX_LISTED]) + (f" and {len(names) - MAX_LISTED} more" if len(names) > MAX_LISTED else "")
-            msgs.append(f"{what}: {listed}")
-    return [Problem(key, str(folder), m, "a folder whose safetensors hold every tensor the model needs, with its shape",
-                    hint="the checkpoint does not match the model's dimensions") for m in msgs]
+            msgs.append(f"{what}: {_listed(names)}")
+    problems = [Problem(key, str(folder), m, "a folder whose safetensors hold every tensor the model needs, with its shape",
+                        hint="the checkpoint does not match the model's dimensions") for m in msgs]
+    try:
+        problems += _value_problems(key, folder, files, [n for n in need if n in shapes])
+    except (OSError, ValueError, KeyError, TypeError) as e:  # a header safetensors accepted but we cannot map
+        problems.append(Problem(key, str(folder), f"safetensors data could not be read ({e})",
+                                "readable, complete safetensors files"))
+    return problems

@@ -288,7 +288,8 @@ def make_plan(exp: Experiment, run_dir: str | Path, *, overrides: list[str] | tu
     in memory is a problem, unless `exp.dry_run` (then it is a loud warning in `Plan.warnings`)."""
     from qwen3exp import data_files, model_files, placement, tracking
     from qwen3exp.launch import Prepared, torchrun_commands
-    from qwen3exp.platforms import experiment_problems, resolve
+    from qwen3exp.provenance import redact_argv
+    from qwen3exp.platforms import experiment_problems, host_problems, resolve
 
     problems: list[Problem] = []
     try:
@@ -338,6 +339,14 @@ def make_plan(exp: Experiment, run_dir: str | Path, *, overrides: list[str] | tu
             warnings.append("DOES NOT FIT: " + problem.message + "; " + (problem.hint or ""))
         else:
             problems.append(problem)
+    # This host's memory and cores for the ranks it starts (CPU): a dry run says so as loudly.
+    for problem in host_problems(exp, facts, ranks=mesh.nproc_per_node,
+                                 plan_bytes_per_rank=mem.total if mem.fits else None):
+        if exp.dry_run:
+            warnings.append(f"A REAL RUN IS REFUSED: {problem.key} = {problem.value!r}: {problem.message}; "
+                            f"allowed: {problem.allowed}")
+        else:
+            problems.append(problem)
     verdict = checkpoint_verdict(exp, files, Path(run_dir))
     if verdict.compatible is False:
         problems.append(Problem("checkpoint", exp.checkpoint.kind, verdict.detail, "a checkpoint of this architecture"))
@@ -348,7 +357,7 @@ def make_plan(exp: Experiment, run_dir: str | Path, *, overrides: list[str] | tu
         name=exp.name, run_dir=str(run_dir), overrides=list(overrides), platform=facts, mesh=mesh,
         batches=batches, arch=arch, parameters=params, memory=mem,
         kernel_overrides=[(f"{c['key']} -> {c['target']}", len(c["nodes"])) for c in claims], checkpoint=verdict,
-        commands=torchrun_commands(prep, Path(run_dir)), launch_notes=placement.notes(exp, where),
+        commands=[redact_argv(c) for c in torchrun_commands(prep, Path(run_dir))], launch_notes=placement.notes(exp, where),
         provenance=provenance.table(exp.model_dump(mode="json")) if provenance is not None else [],
         warnings=warnings)
 

@@ -20,8 +20,11 @@ from qwen3exp.flavors import FLAVORS, Arch
 
 class _Strict(BaseModel):
     # use_attribute_docstrings: the docstring under a field is its description, which error
-    # messages quote as what is allowed (see `describe`).
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, use_attribute_docstrings=True)
+    # messages quote as what is allowed (see `describe`). allow_inf_nan=False: `training.lr=inf`
+    # or `nan` (which YAML and Hydra parse as floats) is refused in every float field of every
+    # section; otherwise inf passes `gt=0` and rank 0 trains NaN losses.
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, use_attribute_docstrings=True,
+                              allow_inf_nan=False)
 
 
 PosInt = Annotated[int, Field(gt=0)]
@@ -438,8 +441,12 @@ class Metrics(_Strict):
 
 
 # ---------------------------------------------------------------------------------- experiment
+NAME_MAX = 120
+
+
 class Experiment(_Strict):
     name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9._=,+-]+$")]
+    """The run's name: one folder of the default run directory (outputs/<name>/<stamp>)."""
     dry_run: bool = False
     model: Model
     training: Training = Training()
@@ -450,6 +457,18 @@ class Experiment(_Strict):
     data: Data = BundledData()
     launcher: Launcher = LocalLauncher()
     metrics: Metrics = Metrics()
+
+    @model_validator(mode="after")
+    def _name(self) -> Experiment:
+        # The pattern keeps / out; '.', '..' and very long names would still escape or break the
+        # default run directory (outputs/.. is the repository root; a folder name has 255 bytes).
+        if self.name in (".", "..") or len(self.name) > NAME_MAX:
+            raise ValueError(_tagged("name", self.name if len(self.name) <= 40 else self.name[:40] + "...",
+                                     "is not a safe single folder name" + (f" ({len(self.name)} characters)"
+                                                                           if len(self.name) > NAME_MAX else ""),
+                                     f"a single folder name: letters, digits and . _ = , + -, at most {NAME_MAX} "
+                                     "characters, not . or .."))
+        return self
 
     @model_validator(mode="after")
     def _cross(self) -> Experiment:
@@ -464,9 +483,58 @@ def cross_field_problems(model: Any, training: Training | None, parallelism: Par
     and model=hf read config.json: `model_files.check` applies the same rules before launch). A None
     section (one that did not validate) skips the rules that need it, so an unknown flavor does not
     hide a bad tp and a bad learning rate does not hide a too long sequence."""
+    problems = sequence_problems(training, parallelism)
     if model is None or model.backend != "native" or model.flavor == "auto":
+        return problems
+    return problems + section_arch_problems(model, training, parallelism, FLAVORS[model.flavor],
+                                            f"flavor {model.flavor}")
+
+
+def sequence_problems(training: Training | None, parallelism: Parallelism | None) -> list[Problem]:
+    """`training.seq_len` against the degrees that cut the sequence, as torchtitan 0.3.0 checks them
+    inside a rank (after the workers started):
+    - the chunked loss (`ChunkedLossWrapper`, num_chunks=8, which `to_torchtitan` keeps) splits the
+      tokens a rank holds, seq_len / cp, into 8 equal chunks (a `torch._check` in the loss);
+    - context parallelism's head-tail load balancer cuts the sequence into 2 x cp pieces
+      (`Trainer.__init__`: seq_len divisible by 2 x cp);
+    - sequence parallelism (torchtitan's default with tp > 1, kept by `to_torchtitan`) shards the
+      sequence across the tp ranks; `Trainer.__init__` checks both at once: seq_len divisible by
+      tp x (2 x cp when cp > 1).
+    Together: seq_len must be a multiple of lcm(8 x cp, tp x 2cp) (tp x 2cp is tp x 1 when cp = 1).
+    This function reports the loss and cp part (which needs no model); `section_arch_problems` the
+    tensor-parallel part, once tp fits the model's heads (a tp that is wrong anyway is one mistake,
+    not two)."""
+    from qwen3exp.memory import LOSS_CHUNKS
+
+    if training is None or parallelism is None:
         return []
-    return section_arch_problems(model, training, parallelism, FLAVORS[model.flavor], f"flavor {model.flavor}")
+    if training.seq_len % (LOSS_CHUNKS * parallelism.cp) == 0:
+        return []
+    return [_seq_len_problem(training.seq_len, parallelism.tp, parallelism.cp)]
+
+
+def _seq_len_problem(seq: int, tp: int, cp: int) -> Problem:
+    """The one problem about seq_len and the degrees, whichever part failed, with the value that
+    satisfies every part (see `sequence_problems`)."""
+    import math
+
+    from qwen3exp.memory import LOSS_CHUNKS
+
+    sharded = tp * (2 * cp if cp > 1 else 1)
+    divisor = math.lcm(LOSS_CHUNKS * cp, sharded)
+    held = f"the seq_len / cp = {seq} / {cp} tokens each rank holds" if cp > 1 else "the sequence"
+    why = [f"torchtitan's chunked loss cuts {held} into {LOSS_CHUNKS} equal chunks"]
+    if cp > 1:
+        why.append(f"context parallelism (parallelism.cp={cp}) balances 2 x cp = {2 * cp} pieces of it")
+    binding_tp = tp if divisor != LOSS_CHUNKS * cp else 1  # tp adds nothing when 8 x cp covers it
+    if binding_tp > 1:
+        why.append(f"sequence parallelism (on with parallelism.tp={tp}) shards it across {tp} ranks"
+                   + (f", and torchtitan needs tp x 2 x cp = {sharded} to divide it" if cp > 1 else ""))
+    lower = seq // divisor * divisor
+    nearest = f"training.seq_len={lower} or {lower + divisor}" if lower else f"training.seq_len={divisor}"
+    return Problem("training.seq_len", seq, f"is not a multiple of {divisor}: " + "; ".join(why),
+                   f"a multiple of {divisor}" + _lcm_of(LOSS_CHUNKS, cp, binding_tp, sharded),
+                   f"nearest valid values: {nearest}")
 
 
 def arch_problems(exp: Experiment, base: Arch, origin: str) -> list[Problem]:
@@ -486,8 +554,23 @@ def section_arch_problems(model: Any, training: Training | None, parallelism: Pa
                                     else (None, None, None))
     arch = base.reduced(n_layers=n_layers, num_experts=num_experts, top_k=top_k)
     problems: list[Problem] = []
+    if arch.n_heads % arch.n_kv_heads:
+        # Grouped-query attention shares each kv head with n_heads / n_kv_heads query heads: torchtitan's
+        # fused QKV raises in every rank, transformers fails on the first forward. Only a config.json
+        # can say so (every flavor divides), so the key is the folder that holds it.
+        key = "model.hf_model" if model.backend == "hf" and model.hf_model is not None else "model.hf_assets_path"
+        value = model.hf_model if key == "model.hf_model" else model.hf_assets_path
+        problems.append(Problem(key, value, f"num_attention_heads ({arch.n_heads}) is not a multiple of "
+                                f"num_key_value_heads ({arch.n_kv_heads}) in {origin}",
+                                "a config.json whose num_attention_heads is a multiple of num_key_value_heads",
+                                f"divisors of {arch.n_heads}: {one_of(_divisors(arch.n_heads))}"))
     if parallelism is not None:
-        tp = parallelism.tp
+        problems += _pipeline_problems(model, parallelism, arch, origin)
+        tp, cp = parallelism.tp, parallelism.cp
+        if (training is not None and tp > 1 and arch.n_heads % tp == 0 and arch.n_kv_heads % tp == 0
+                and not sequence_problems(training, parallelism)
+                and training.seq_len % (tp * (2 * cp if cp > 1 else 1))):
+            problems.append(_seq_len_problem(training.seq_len, tp, cp))  # sequence parallelism's share
         for key, heads in (("n_heads", arch.n_heads), ("n_kv_heads", arch.n_kv_heads)):
             if heads % tp:
                 problems.append(Problem("parallelism.tp", tp, f"does not divide the model's {key} ({heads}, {origin})",
@@ -516,6 +599,41 @@ def section_arch_problems(model: Any, training: Training | None, parallelism: Pa
     if base.moe is not None and arch.moe is not None and arch.moe.top_k > arch.moe.num_experts:
         problems.append(Problem("model.top_k", arch.moe.top_k, f"exceeds the number of experts ({arch.moe.num_experts})",
                                 f"1..{arch.moe.num_experts}"))
+    return problems
+
+
+def _lcm_of(chunks: int, cp: int, tp: int, sharded: int) -> str:
+    """How the divisor of `sequence_problems` is made, for the allowed line."""
+    first = f"{chunks} x cp = {chunks * cp}" if cp > 1 else str(chunks)
+    if tp > 1:
+        second = f"tp x 2 x cp = {sharded}" if cp > 1 else f"tp = {tp}"
+        return f" (lcm of {first} and {second})"
+    return f" ({first})" if cp > 1 else ""
+
+
+def _pipeline_problems(model: Any, parallelism: Parallelism, arch: Arch, origin: str) -> list[Problem]:
+    """What torchtitan 0.3.0 refuses in a rank for parallelism.pp > 1 (`to_torchtitan` turns CUDA graphs
+    off for pp > 1, which torchtitan otherwise refuses in `Trainer.Config`)."""
+    pp = parallelism.pp
+    if pp == 1:
+        return []
+    problems: list[Problem] = []
+    if model.backend == "native" and arch.tied:
+        # torchtitan's Decoder.Config.update_from_config: "Weight tying is not supported with Pipeline
+        # Parallel" (the embedding is on the first stage, the output projection on the last). The
+        # Transformers backend unties the two weights instead (as it does for FSDP), so model=hf runs.
+        untied = [n for n, a in FLAVORS.items() if not a.tied and not n.startswith("debugmodel")]
+        problems.append(Problem("parallelism.pp", pp, f"{origin} ties its embedding and output weights, and "
+                                "torchtitan's Qwen3 cannot split tied weights across pipeline stages",
+                                "1 for a model with tied embeddings",
+                                f"pipeline an untied model ({one_of(untied)}) or use model=hf, which unties them"))
+    # torchtitan's stage split counts the embedding and the output as one layer each and needs at
+    # least one of these units per stage (`_generate_llm_fqn_per_model_part`).
+    units = arch.n_layers + 2
+    if pp > units:
+        problems.append(Problem("parallelism.pp", pp, f"more pipeline stages than {origin}'s {arch.n_layers} "
+                                "layers + embedding + output can fill (one unit per stage at least)",
+                                f"1..{units}"))
     return problems
 
 
@@ -574,6 +692,8 @@ def _allowed_for(err: dict) -> str | None:
         return f"a number {op} {bound}"
     if t == "union_tag_invalid":
         return ctx.get("expected_tags")
+    if t == "finite_number":
+        return "a finite number (not inf, -inf or nan)"
     if t.endswith("_parsing") or t.endswith("_type"):
         return t.split("_")[0]
     if t == "string_pattern_mismatch":

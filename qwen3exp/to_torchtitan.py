@@ -103,6 +103,10 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
             steps=t.steps,
             dtype=t.dtype,
             mixed_precision_param=t.mixed_precision_param,
+            # torchtitan 0.3.0 captures forward+backward in a CUDA graph by default and refuses
+            # pipeline parallelism with it ("CUDA graphs do not support pipeline parallelism yet", in
+            # Trainer.Config). pp > 1 runs eagerly; pp = 1 keeps torchtitan's default.
+            disable_cuda_graphs=p.pp > 1,
         ),
         parallelism=ParallelismConfig(
             data_parallel_replicate_degree=p.dp_replicate,

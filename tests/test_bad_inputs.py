@@ -122,6 +122,64 @@ CASES = [
          ("did you mean local?", "2 configuration errors", "training.steps = 0")),
     Case("bad_sweep_point", ("-m", "training.steps=10,0"), "training.steps", "a number > 0",
          ("sweep point 2/2",), multirun=True),
+    # data files that exist but that the loader cannot read: the file and the line are named
+    Case("data_file_empty", ("data=local", "data.path={tmp}/data/empty.jsonl"), "data.path", "UTF-8 JSON lines",
+         ("empty.jsonl: the file is empty",)),
+    Case("data_file_binary", ("data=local", "data.path={tmp}/data/binary.txt"), "data.path", "UTF-8 text files",
+         ("binary.txt: line 2: not UTF-8 text (byte 0x80",)),
+    Case("data_file_invalid_json", ("data=local", "data.path={tmp}/data/broken.jsonl"), "data.path",
+         "one object per line", ("broken.jsonl: line 2: not valid JSON",)),
+    Case("data_file_lacks_text_field", ("data=local", "data.path={tmp}/data/no_field.jsonl"), "data.text_field",
+         "a key of every record", ("has no key 'text' (its keys: txt)", "did you mean txt?")),
+    Case("data_file_text_not_a_string", ("data=local", "data.path={tmp}/data/number.jsonl"), "data.path",
+         '"text" a non-empty string', ("number.jsonl: line 2: 'text' is a JSON number, not a string",)),
+    Case("data_file_empty_text", ("data=local", "data.path={tmp}/data/empty_text.jsonl"), "data.path",
+         '"text" a non-empty string', ("line 1: 'text' is an empty string",)),
+    Case("data_folder_mixes_txt_and_jsonl", ("data=local", "data.path={tmp}/data/mixed"), "data.path",
+         "a folder of .txt files only", ("mixes .txt files (b.txt)",)),
+    Case("data_txt_only_whitespace", ("data=local", "data.path={tmp}/data/blank.txt"), "data.path",
+         "UTF-8 text files", ("holds only whitespace",)),
+    # non-finite numbers, in any section
+    Case("lr_inf", ("training.lr=inf",), "training.lr", "a finite number", ("from: command line training.lr=inf",)),
+    Case("lr_nan", ("training.lr=nan",), "training.lr", "a finite number"),
+    Case("max_norm_inf", ("training.max_norm=inf",), "training.max_norm", "a finite number"),
+    Case("min_lr_factor_nan", ("training.min_lr_factor=nan",), "training.min_lr_factor", "a finite number"),
+    Case("stop_timeout_inf", ("launcher.stop_timeout_s=inf",), "launcher.stop_timeout_s", "a finite number"),
+    Case("memory_per_rank_nan", ("platform=cpu", "platform.memory_per_rank_gib=nan"), "platform.memory_per_rank_gib",
+         "a finite number"),
+    # what torchtitan divides inside a rank: sequence by cp and the loss chunks, heads by kv heads
+    Case("cp_odd_seq_len", ("parallelism.cp=2", "training.seq_len=255"), "training.seq_len", "a multiple of 16",
+         ("context parallelism (parallelism.cp=2)", "nearest valid values: training.seq_len=240 or 256")),
+    Case("seq_len_not_loss_chunks", ("training.seq_len=100",), "training.seq_len", "a multiple of 8",
+         ("chunked loss",)),
+    Case("heads_not_multiple_of_kv_heads", ("model.flavor=auto", "model.hf_assets_path={tmp}/kv3"),
+         "model.hf_assets_path", "num_attention_heads is a multiple of num_key_value_heads",
+         ("num_attention_heads (4) is not a multiple of num_key_value_heads (3)",)),
+    # weights behind a valid safetensors header
+    Case("weights_integer_dtype", ("checkpoint=hf_load", "model.hf_assets_path={tmp}/w_int"), "model.hf_assets_path",
+         "safetensors whose weights are F64, F32", ("model.embed_tokens.weight (I32)",)),
+    Case("weights_nan", ("checkpoint=hf_load", "model.hf_assets_path={tmp}/w_nan"), "model.hf_assets_path",
+         "weights whose values are all finite", ("NaN or Inf values: model.layers.1.mlp.down_proj.weight",)),
+    # RoPE scaling the native model would silently drop; code shipped in a model folder
+    Case("rope_scaling_on_native", ("model.flavor=auto", "model.hf_assets_path={tmp}/yarn"), "model.hf_assets_path",
+         "for model=native: no rope_scaling", ("RoPE scaling 'yarn'", "model=hf builds it")),
+    Case("rope_scaling_next_to_flavor", ("model.flavor=tiny", "model.hf_assets_path={tmp}/yarn"),
+         "model.hf_assets_path", "for model=native: no rope_scaling", ("RoPE scaling 'yarn'",)),
+    Case("remote_code_native", ("model.hf_assets_path={tmp}/remote",), "model.hf_assets_path", "has no auto_map",
+         ("never executes code that ships in a model folder",)),
+    Case("remote_code_hf", ("model=hf", "model.hf_assets_path={tmp}/remote"), "model.hf_assets_path",
+         "has no auto_map", ("never executes code that ships in a model folder",)),
+    # pipeline parallelism: what torchtitan refuses inside a rank
+    Case("pp_with_tied_embeddings", ("parallelism.pp=2",), "parallelism.pp", "1 for a model with tied embeddings",
+         ("use model=hf",)),
+    Case("pp_more_stages_than_layers", ("model.flavor=tiny_moe", "launcher.nproc_per_node=8", "parallelism.pp=8"),
+         "parallelism.pp", "1..4", ("layers + embedding + output",)),
+    # this host: memory for the ranks' processes, cores for their threads
+    Case("cpu_ranks_exceed_host_memory", ("platform=cpu", "launcher.nproc_per_node=4096",
+                                          "platform.memory_per_rank_gib=1", "training.local_batch_size=1"),
+         "launcher.nproc_per_node", "rank(s) on this host", ("per-process runtime", "MemAvailable")),
+    Case("cpu_threads_oversubscribed", ("platform=cpu", "launcher.nproc_per_node=1", "platform.threads_per_rank=100000"),
+         "platform.threads_per_rank", "ranks x threads per rank at most", ("threads per core",)),
 ]
 
 
@@ -139,7 +197,49 @@ def assets(tmp_path_factory) -> Path:
     shutil.copytree(CONF, tmp / "conf")
     (tmp / "conf" / "experiment" / "bad.yaml").write_text(
         "name: bad\ntraining:\n  steps: 0\n  warmup_steps: 0\n")
+    _data_files(tmp / "data")
+    _model_folders(tmp)
     return tmp
+
+
+def _data_files(data: Path) -> None:
+    (data / "mixed").mkdir(parents=True)
+    (data / "empty.jsonl").write_bytes(b"")
+    (data / "binary.txt").write_bytes(bytes(range(256)) * 4)
+    (data / "broken.jsonl").write_text('{"text": "fine"}\n{"text": "cut short\n')
+    (data / "no_field.jsonl").write_text('{"txt": "hello"}\n')
+    (data / "number.jsonl").write_text('{"text": "fine"}\n{"text": 3}\n')
+    (data / "empty_text.jsonl").write_text('{"text": ""}\n')
+    (data / "blank.txt").write_text("  \n\n \n")
+    (data / "mixed" / "a.jsonl").write_text('{"text": "fine"}\n')
+    (data / "mixed" / "b.txt").write_text("fine\n")
+
+
+def _model_folders(tmp: Path) -> None:
+    """Copies of the bundled tiny model folder (config.json + tokenizer), each with one defect."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from qwen3exp.flavors import FLAVORS, hf_param_shapes
+
+    def folder(name: str, **config) -> Path:
+        path = tmp / name
+        shutil.copytree(TOKENIZER, path)
+        cfg = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({**cfg, **config}))
+        return path
+
+    folder("kv3", num_key_value_heads=3)
+    folder("yarn", rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024})
+    folder("remote", auto_map={"AutoConfig": "configuration_evil.EvilConfig"})
+    shapes = hf_param_shapes(FLAVORS["tiny"])
+    for name, damage in (("w_int", "int"), ("w_nan", "nan")):
+        tensors = {n: np.full(shape, 0.01, dtype=np.float32) for n, shape in shapes.items()}
+        if damage == "int":
+            tensors["model.embed_tokens.weight"] = tensors["model.embed_tokens.weight"].astype(np.int32)
+        else:
+            tensors["model.layers.1.mlp.down_proj.weight"][3, 7] = np.nan
+        save_file(tensors, str(folder(name) / "model.safetensors"))
 
 
 @pytest.fixture(scope="module")

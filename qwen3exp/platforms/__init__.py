@@ -4,7 +4,7 @@
 subprocess only where a device may exist) and turns the validated platform section into
 `PlatformFacts`: the device, the distributed backend, ranks per node, memory per rank, the attention
 kernel and the environment for the ranks. `experiment_problems()` lists the rules that need the
-platform. `prepare_worker()` runs first thing in each rank, before torchtitan is imported, because
+platform; `host_problems()` what the ranks need from this host (CPU memory and cores). `prepare_worker()` runs first thing in each rank, before torchtitan is imported, because
 torchtitan binds the device type at import time.
 
 Modules: `cpu`, `cuda`, `neuron` (one per platform), `probe` (finding devices), `neuron_instances`
@@ -120,6 +120,21 @@ def experiment_problems(exp, facts: PlatformFacts) -> list[Problem]:
             problems.append(Problem(
                 "model.attention", "flex", "FlexAttention has no backward on the CPU", "auto, sdpa"))
     return problems
+
+
+def host_problems(exp, facts: PlatformFacts, *, ranks: int, plan_bytes_per_rank: int | None) -> list[Problem]:
+    """What this host must give the `ranks` ranks it starts besides devices: on the CPU platform its
+    memory (per-process runtime x ranks + the plan) and its cores (`cpu.host_problems`). Nothing for
+    ranks on other machines (launcher=slurm: the plan runs where the job is submitted) or on
+    accelerators (their memory is the device's, checked by the plan)."""
+    from qwen3exp.platforms import cpu
+
+    if facts.name != "cpu" or exp.launcher.kind != "local":
+        return []
+    ranks_key = "launcher.nproc_per_node" if exp.launcher.nproc_per_node else "platform.ranks_per_node"
+    threads_given = exp.platform.name == "cpu" and exp.platform.threads_per_rank is not None
+    return cpu.host_problems(facts, ranks=ranks, plan_bytes_per_rank=plan_bytes_per_rank, ranks_key=ranks_key,
+                             threads_given=threads_given)
 
 
 def prepare_worker(facts: PlatformFacts) -> None:

@@ -14,6 +14,12 @@ Each adaptation states the upstream behaviour it answers:
    gradient scaling torchtitan does itself is unchanged, so the math is the same).
 5. Compilation. torch.compile of the block-mask creation costs 7-20 s on the first CPU step; the
    SDPA path creates no block mask, and model compilation stays off unless training.compile=true.
+
+Before launch (`host_problems`): the ranks of this node share its memory and cores. The plan's
+per-rank estimate counts the model only; every rank is also a Python process with torch,
+torchtitan and datasets loaded, so N ranks need N x (runtime + plan) plus the node's shared
+libraries and the torchrun agent, which must fit in what the host has available now. More threads
+than cores is slow (the plan warns); more than `OVERSUBSCRIPTION_LIMIT` threads per core is refused.
 """
 
 from __future__ import annotations
@@ -21,11 +27,76 @@ from __future__ import annotations
 import os
 import platform as _platform
 
+from qwen3exp.errors import Problem
 from qwen3exp.platforms import PlatformFacts
+
+# Measured once on the development host (2 cores, 24 GiB, torch 2.x, torchtitan 0.3.0, Python 3.11):
+# - `python -c "import torch, torchtitan.trainer"`: VmRSS 831 MiB = 485 MiB private (Anonymous in
+#   /proc/self/smaps_rollup) + ~350 MiB shared clean pages (the libraries' code);
+# - a rank of the tiny experiment (2 ranks, plan 58 MiB per rank), sampled from
+#   /proc/<pid>/smaps_rollup at steps 20-32: VmRSS ~990 MiB = ~610 MiB Anonymous + ~375 MiB
+#   Shared_Clean; the torchrun agent: VmRSS ~512 MiB (~283 MiB Anonymous).
+# Private memory is paid per rank; the shared libraries once per node (the page cache shares them).
+RANK_RUNTIME_BYTES = 600 * 2**20
+"""Private memory of one CPU rank beyond its plan (~610 MiB measured, less the tiny plan, rounded up)."""
+NODE_RUNTIME_BYTES = 900 * 2**20
+"""Once per node: the shared libraries of the ranks (~375 MiB) and the torchrun agent (~512 MiB)."""
+OVERSUBSCRIPTION_LIMIT = 4
+"""Threads per core beyond which a CPU launch is refused (from 1 it is a warning: slow, but it works)."""
 
 
 def _physical_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes (what can be allocated without swapping); None
+    where there is no /proc (not Linux)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def host_problems(facts: PlatformFacts, *, ranks: int, plan_bytes_per_rank: int | None, ranks_key: str,
+                  threads_given: bool) -> list[Problem]:
+    """This host's memory and cores against the `ranks` CPU ranks it is about to start. `ranks_key`:
+    the key ranks per node came from; `threads_given`: platform.threads_per_rank was set;
+    `plan_bytes_per_rank` None: the plan does not fit its per-rank budget (already a problem), so
+    the host's memory is not checked again."""
+    from qwen3exp.memory import gib
+
+    problems: list[Problem] = []
+    available = available_memory()
+    per_rank = RANK_RUNTIME_BYTES + (plan_bytes_per_rank or 0)
+    need = ranks * per_rank + NODE_RUNTIME_BYTES
+    if plan_bytes_per_rank is not None and available is not None and need > available:
+        fit = max(0, (available - NODE_RUNTIME_BYTES) // per_rank)
+        problems.append(Problem(
+            ranks_key, ranks,
+            f"{ranks} CPU ranks need about {gib(need)} of host memory ({ranks} x ({gib(RANK_RUNTIME_BYTES)} "
+            f"per-process runtime: Python, torch, torchtitan + {gib(plan_bytes_per_rank)} plan) + "
+            f"{gib(NODE_RUNTIME_BYTES)} shared libraries and torchrun agent), but this host has "
+            f"{gib(available)} available (MemAvailable in /proc/meminfo)",
+            f"at most {fit} rank(s) on this host" if fit else "fewer ranks, on a host with more free memory",
+            "run fewer ranks per node (launcher.nproc_per_node) and more nodes (launcher.nnodes), or free memory"))
+    cores = facts.devices_per_node or 1
+    threads = int(facts.env.get("QWEN3EXP_CPU_THREADS", "1"))
+    if ranks * threads > OVERSUBSCRIPTION_LIMIT * cores:
+        key, value = ("platform.threads_per_rank", threads) if threads_given and ranks <= cores else (ranks_key, ranks)
+        problems.append(Problem(
+            key, value,
+            f"{ranks} rank(s) x {threads} thread(s) = {ranks * threads} threads on the {cores} CPU core(s) this "
+            f"process may use (os.sched_getaffinity): more than {OVERSUBSCRIPTION_LIMIT} threads per core, so "
+            "every rank mostly waits for a core",
+            f"ranks x threads per rank at most {OVERSUBSCRIPTION_LIMIT * cores} ({OVERSUBSCRIPTION_LIMIT} per core)",
+            f"e.g. launcher.nproc_per_node={min(ranks, cores)} with platform.threads_per_rank=null "
+            "(cores / ranks each)"))
+    return problems
 
 
 def cpu_name() -> str:
