@@ -45,7 +45,7 @@ multirun/
 README = """\
 # Experiments
 
-Qwen3 training experiments run with [qwen3exp](https://pypi.org/project/qwen3exp/). Every file under
+Qwen3 training experiments run with qwen3exp (installed with pip). Every file under
 `conf/` adds to qwen3exp's packaged config groups (`model`, `parallelism`, `kernels`, `checkpoint`,
 `platform`, `data`, `launcher`, `experiment`): a new option of a group, or a new experiment.
 
