@@ -115,6 +115,16 @@ def test_refused_launch_keeps_a_users_folder(tmp_path):
     assert snapshot(keep) == before
 
 
+def test_refused_sweep_keeps_a_users_folder(tmp_path):
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "notes.txt").write_text("notes\n")
+    before = snapshot(keep)
+    r = run_cli("-m", *FAST, "training.lr=1e-3,2e-3", f"hydra.sweep.dir={keep}", timeout=120)
+    assert_refused(r, "hydra.sweep.dir", "not a qwen3exp sweep (notes.txt)")
+    assert snapshot(keep) == before
+
+
 def test_refused_launch_into_a_checkout(tmp_path):
     """hydra.run.dir=. in a checkout: refused, .git untouched."""
     repo = tmp_path / "checkout"
