@@ -6,7 +6,11 @@ launcher, torchrun and the other ranks meet a real failure at a real point of tr
   QWEN3EXP_FAULT_RAISE_AT_STEP=N  raise RuntimeError at the start of step N
   QWEN3EXP_FAULT_HANG_AT_STEP=N   stop making progress at the start of step N (sleep forever);
                                   the other ranks then wait in their next collective
+  QWEN3EXP_FAULT_KILL_AT_STEP=N   SIGKILL the rank at the start of step N: it dies without a word
+                                  (as under `kill -9` or the OOM killer) and the other ranks fail
+                                  with "Connection reset by peer" in their next collective
   QWEN3EXP_FAULT_RANK=R           only on global rank R (default: every rank)
+  QWEN3EXP_FAULT_RUN_MATCH=TEXT   only in runs whose directory name contains TEXT (one job of a sweep)
 
 The launcher passes its environment to the ranks, so `QWEN3EXP_FAULT_RAISE_AT_STEP=3 python -m
 qwen3exp ...` makes a run fail at step 3.
@@ -14,13 +18,17 @@ qwen3exp ...` makes a run fail at step 3.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 RAISE_AT_STEP = "QWEN3EXP_FAULT_RAISE_AT_STEP"
 HANG_AT_STEP = "QWEN3EXP_FAULT_HANG_AT_STEP"
+KILL_AT_STEP = "QWEN3EXP_FAULT_KILL_AT_STEP"
 RANK = "QWEN3EXP_FAULT_RANK"
+RUN_MATCH = "QWEN3EXP_FAULT_RUN_MATCH"
 
 
 class InjectedFault(RuntimeError):
@@ -32,10 +40,11 @@ class Faults:
     raise_at_step: int | None = None
     hang_at_step: int | None = None
     rank: int | None = None
+    kill_at_step: int | None = None
 
     @property
     def any(self) -> bool:
-        return self.raise_at_step is not None or self.hang_at_step is not None
+        return any(s is not None for s in (self.raise_at_step, self.hang_at_step, self.kill_at_step))
 
 
 def _int(env: Mapping[str, str], name: str) -> int | None:
@@ -47,8 +56,13 @@ def _int(env: Mapping[str, str], name: str) -> int | None:
     return int(value)
 
 
-def from_env(env: Mapping[str, str]) -> Faults:
-    return Faults(_int(env, RAISE_AT_STEP), _int(env, HANG_AT_STEP), _int(env, RANK))
+def from_env(env: Mapping[str, str], run_dir=None) -> Faults:
+    """The faults the environment asks for in this run (none when QWEN3EXP_FAULT_RUN_MATCH is set and
+    `run_dir`'s name does not contain it)."""
+    match = env.get(RUN_MATCH)
+    if match and (run_dir is None or match not in str(run_dir)):
+        return Faults()
+    return Faults(_int(env, RAISE_AT_STEP), _int(env, HANG_AT_STEP), _int(env, RANK), _int(env, KILL_AT_STEP))
 
 
 def install(trainer, faults: Faults, rank: int) -> None:
@@ -60,6 +74,8 @@ def install(trainer, faults: Faults, rank: int) -> None:
     def train_step(*args, **kwargs):
         if trainer.step == faults.raise_at_step:
             raise InjectedFault(f"injected fault: {RAISE_AT_STEP}={faults.raise_at_step} on rank {rank}")
+        if trainer.step == faults.kill_at_step:
+            os.kill(os.getpid(), signal.SIGKILL)
         if trainer.step == faults.hang_at_step:
             while True:
                 time.sleep(3600)

@@ -94,7 +94,9 @@ def torchrun_commands(prep: Prepared, run_dir: Path) -> list[list[str]]:
 def torchrun_argv(prep: Prepared, run_dir: Path, *, node_rank: int | None = None) -> list[str]:
     """The command that starts this node's torchrun agent (with srun: every node's agent)."""
     la, mesh, where = prep.exp.launcher, prep.mesh, prep.placement
-    argv = [*where.agent_prefix, sys.executable, "-m", "torch.distributed.run",
+    # qwen3exp.agent is torchrun's own main plus a record of how each failed rank died (a rank
+    # killed by a signal writes nothing itself): see first_rank_error.
+    argv = [*where.agent_prefix, sys.executable, "-m", "qwen3exp.agent",
             "--nnodes", str(mesh.nnodes), "--nproc-per-node", str(mesh.nproc_per_node),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", where.rdzv_endpoint, "--rdzv-id", where.rdzv_id]
     if mesh.nnodes > 1 and not where.agent_prefix:
@@ -164,12 +166,12 @@ def write_run_files(prep: Prepared, run_dir: Path, trainer_config, argv: list[st
 
 
 def first_rank_error(run_dir: Path) -> str | None:
-    errors = [rundir.read_json(p) for p in (run_dir / rundir.LOGS).glob("error_rank*.json")]
-    errors = [e for e in errors if e]
-    if not errors:
-        return None
-    first = min(errors, key=lambda e: e.get("time", 0))
-    return f"rank {first['rank']}: {first['type']}: {first['message']}"
+    """The root cause of a failed run, from the ranks' error files and the agents' records of how
+    ranks died (`qwen3exp.agent.root_cause`): a rank killed by a signal, or gone without an error
+    report, comes before the communication errors it caused in the other ranks."""
+    from qwen3exp import agent
+
+    return agent.root_cause(run_dir / rundir.LOGS)
 
 
 def summarize(prep: Prepared, run_dir: Path, *, exit_code: int, status: str, wall: float,

@@ -1,6 +1,8 @@
 """Faults, for real: the launcher runs as a subprocess with 2 CPU ranks under torchrun, and gets
-SIGTERM, Ctrl-C (SIGINT) while a rank is stuck, a rank that raises, and SIGKILL followed by a
-relaunch that resumes. After each, no process of the run may survive (checked by scanning /proc)."""
+SIGTERM, Ctrl-C (SIGINT) while a rank is stuck, a rank that raises, a rank killed by SIGKILL, and
+SIGKILL followed by a relaunch that resumes. After each, no process of the run may survive (checked
+by scanning /proc). The root-cause rules of the summary's `error` are also checked on recorded
+failures (no training)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ import pytest
 from conftest import CONF, read_metrics, read_summary, run_cli
 from runprocs import TINY, assert_no_survivors, kill_leftovers, metric_rows, start_cli, wait_for
 
-pytestmark = pytest.mark.slow
+from qwen3exp import agent
+
+slow = pytest.mark.slow
 
 LONG = (*TINY, "training.steps=400")  # long enough never to finish by itself within a test
 
@@ -33,6 +37,7 @@ def _stop(proc, sig: int) -> tuple[int, float]:
     return code, time.monotonic() - t
 
 
+@slow
 def test_sigterm_stops_every_rank(run_dir, tmp_path):
     proc = start_cli(*LONG, f"hydra.run.dir={run_dir}", log=tmp_path / "log")
     wait_for(lambda: metric_rows(run_dir) >= 2, proc=proc, what="two training steps")
@@ -45,6 +50,7 @@ def test_sigterm_stops_every_rank(run_dir, tmp_path):
     assert 2 <= s["steps_completed"] < 400
 
 
+@slow
 def test_ctrl_c_stops_every_rank_while_one_is_stuck(run_dir, tmp_path):
     # Rank 1 stops making progress at step 3; rank 0 then waits for it inside a gloo collective,
     # where a KeyboardInterrupt cannot reach it: the hard case for Ctrl-C.
@@ -61,6 +67,7 @@ def test_ctrl_c_stops_every_rank_while_one_is_stuck(run_dir, tmp_path):
     assert s["status"] == "interrupted" and s["exit_code"] == 130 and s["steps_completed"] == 2
 
 
+@slow
 def test_a_rank_that_raises_fails_the_job_fast_with_its_own_error(run_dir, reference_losses):
     r = run_cli(*TINY, f"hydra.run.dir={run_dir}",
                 env={"QWEN3EXP_FAULT_RAISE_AT_STEP": "3", "QWEN3EXP_FAULT_RANK": "1"})
@@ -77,10 +84,32 @@ def test_a_rank_that_raises_fails_the_job_fast_with_its_own_error(run_dir, refer
     assert (run_dir / "summary.json").stat().st_mtime - raised["time"] < 10
 
 
+@slow
+def test_a_rank_killed_by_sigkill_is_named_as_the_root_cause(run_dir):
+    """kill -9 of rank 0 mid-run: rank 0 writes nothing, rank 1 fails in its next collective with
+    "Connection reset by peer" (and writes that); the summary must blame rank 0 and SIGKILL."""
+    r = run_cli(*TINY, "training.steps=4", f"hydra.run.dir={run_dir}",
+                env={"QWEN3EXP_FAULT_KILL_AT_STEP": "3", "QWEN3EXP_FAULT_RANK": "0"})
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert_no_survivors(run_dir)
+    s = read_summary(run_dir)
+    assert s["status"] == "failed" and s["steps_completed"] == 2
+    assert s["error"].startswith("rank 0 (node 0, pid "), s["error"]
+    assert "was killed by SIGKILL" in s["error"], s["error"]
+    assert not (run_dir / "logs" / "error_rank0.json").exists()  # the killed rank said nothing
+    if (run_dir / "logs" / "error_rank1.json").exists():  # rank 1 noticed before torchrun stopped it
+        assert "; rank 1 then failed: " in s["error"], s["error"]
+    (record,) = [json.loads(p.read_text()) for p in (run_dir / "logs").glob("agent_failures_node*.json")]
+    killed = next(f for f in record["failures"] if f["rank"] == 0)
+    assert (killed["signal"], killed["exitcode"], killed["local_rank"], killed["stopped_by_agent"]) == \
+        ("SIGKILL", -9, 0, False)
+
+
 DCP = (CONF / "checkpoint" / "dcp.yaml").is_file()
 CKPT = ("checkpoint=dcp", "checkpoint.interval=2", "checkpoint.keep_latest_k=0") if DCP else ()
 
 
+@slow
 def test_sigkill_of_the_launcher_then_a_relaunch_resumes(run_dir, tmp_path, reference_losses):
     """SIGKILL gives the launcher no chance to clean up: the kernel's parent-death signals stop
     torchrun and the ranks. The killed run has no summary.json. Relaunched into the same run
@@ -120,3 +149,65 @@ def test_sigkill_of_the_launcher_then_a_relaunch_resumes(run_dir, tmp_path, refe
     s = read_summary(run_dir)
     assert s["status"] == "completed" and s["steps_completed"] == 6 and s["first_loss"] == reference_losses[0]
     assert (torn / ".metadata").is_file()  # step 6 was written again, completely
+
+
+# ------------------------------------------------------- the root cause, from recorded failures
+def _record(logs: Path, node: int, *failures: dict, started: float = 100.0) -> None:
+    logs.mkdir(parents=True, exist_ok=True)
+    rows = [{"local_rank": f["rank"], "node": node, "pid": 1000 + f["rank"], "time": 200, "error_file": None,
+             "stopped_by_agent": False, "signal": agent.signal_name(f["exitcode"]), **f} for f in failures]
+    (logs / f"agent_failures_node{node}.json").write_text(json.dumps(
+        {"node": node, "agent_pid": 1, "agent_started": started, "written": 201.0, "failures": rows}))
+
+
+def _error(logs: Path, rank: int, type_: str, message: str, at: float) -> None:
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / f"error_rank{rank}.json").write_text(json.dumps(
+        {"rank": rank, "time": at, "type": type_, "message": message, "traceback": ""}))
+
+
+RESET = "[../third_party/gloo/gloo/transport/tcp/pair.cc:544] Read error [127.0.0.1]:41234: Connection reset by peer"
+
+
+def test_root_cause_a_killed_rank_comes_before_the_errors_it_caused(tmp_path):
+    _record(tmp_path, 0, {"rank": 0, "exitcode": -9}, {"rank": 1, "exitcode": 1})
+    _error(tmp_path, 1, "RuntimeError", RESET, at=150.0)
+    assert agent.root_cause(tmp_path) == (
+        f"rank 0 (node 0, pid 1000) was killed by SIGKILL; rank 1 then failed: RuntimeError: {RESET}")
+
+
+def test_root_cause_ranks_the_agent_stopped_are_not_causes(tmp_path):
+    # Rank 1 raised; the agent then stopped rank 0 (SIGTERM), which it records as a failure too.
+    _record(tmp_path, 0, {"rank": 1, "exitcode": 1}, {"rank": 0, "exitcode": -15, "stopped_by_agent": True})
+    _error(tmp_path, 1, "InjectedFault", "injected fault", at=150.0)
+    assert agent.root_cause(tmp_path) == "rank 1: InjectedFault: injected fault"
+
+
+def test_root_cause_a_rank_gone_without_an_error_report(tmp_path):
+    _record(tmp_path, 0, {"rank": 0, "exitcode": 3})
+    _error(tmp_path, 1, "RuntimeError", "Connection closed by peer [127.0.0.1]:1234", at=150.0)
+    assert agent.root_cause(tmp_path).startswith(
+        "rank 0 (node 0, pid 1000) exited with code 3 and left no error report; rank 1 then failed: ")
+
+
+def test_root_cause_across_nodes(tmp_path):
+    # Node 1's rank 3 was killed; node 0's ranks only saw their peer vanish.
+    _record(tmp_path, 0, {"rank": 0, "exitcode": 1}, {"rank": 1, "exitcode": 1})
+    _record(tmp_path, 1, {"rank": 3, "local_rank": 1, "exitcode": -9},
+            {"rank": 2, "local_rank": 0, "exitcode": -15, "stopped_by_agent": True})
+    _error(tmp_path, 0, "RuntimeError", RESET, at=150.0)
+    _error(tmp_path, 1, "DistNetworkError", "failed to recv, got 0 bytes", at=150.5)
+    assert agent.root_cause(tmp_path).startswith("rank 3 (node 1, pid 1003) was killed by SIGKILL; rank 0 then failed")
+
+
+def test_root_cause_without_agent_records_a_real_error_beats_communication_errors(tmp_path):
+    _error(tmp_path, 0, "RuntimeError", RESET, at=150.0)
+    _error(tmp_path, 1, "ValueError", "bad batch", at=151.0)
+    assert agent.root_cause(tmp_path) == "rank 1: ValueError: bad batch"
+    assert agent.root_cause(tmp_path / "nothing") is None
+
+
+def test_root_cause_ignores_error_reports_of_an_earlier_launch(tmp_path):
+    _error(tmp_path, 1, "ValueError", "from yesterday", at=50.0)
+    _record(tmp_path, 0, {"rank": 1, "exitcode": -6}, started=100.0)
+    assert agent.root_cause(tmp_path) == "rank 1 (node 0, pid 1001) was killed by SIGABRT"

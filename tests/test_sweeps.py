@@ -263,20 +263,19 @@ def test_relaunch_from_a_run_directory_reproduces_the_losses(sweep, tmp_path):
 # ------------------------------------------------------------------ slow: a job that fails
 @pytest.mark.slow
 def test_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
-    """Point 1 trains on an empty data file and fails in the ranks; point 2 still runs. Both use
-    W&B (opt-in) in offline mode, which must leave its files in the run directory."""
-    empty, good = tmp_path / "empty.jsonl", tmp_path / "good.jsonl"
-    empty.write_text("")
-    shutil.copy(REPO / "qwen3exp/assets/corpus/train.jsonl", good)
+    """Point 1 fails in its ranks (an injected error at step 1, only in that job's folder); point 2
+    still runs. Both use W&B (opt-in) in offline mode, which must leave its files in the run directory."""
     d = tmp_path / "sweep"
-    r = run_cli("-m", "experiment=tiny_sweep", "training.steps=2", "data=local", f"data.path={empty},{good}",
-                "metrics.wandb=true", f"hydra.sweep.dir={d}", env={"WANDB_MODE": "offline"})
+    r = run_cli("-m", "experiment=tiny_sweep", "training.steps=2", "training.seed=1,2",
+                "metrics.wandb=true", f"hydra.sweep.dir={d}",
+                env={"WANDB_MODE": "offline", "QWEN3EXP_FAULT_RAISE_AT_STEP": "1",
+                     "QWEN3EXP_FAULT_RUN_MATCH": "training.seed=1,"})
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
-    common = "data=local,experiment=tiny_sweep,metrics.wandb=True,training.steps=2"  # as Hydra's sweeper renders it
-    failed = d / f"data.path={str(empty).replace('/', '%2F')},{common}"
-    done = d / f"data.path={str(good).replace('/', '%2F')},{common}"
+    # as Hydra's sweeper renders it
+    failed = d / "experiment=tiny_sweep,metrics.wandb=True,training.seed=1,training.steps=2"
+    done = d / "experiment=tiny_sweep,metrics.wandb=True,training.seed=2,training.steps=2"
     assert sorted(p.name for p in d.iterdir() if p.is_dir()) == sorted([failed.name, done.name])
-    assert read_summary(failed)["status"] == "failed" and read_summary(failed)["error"]
+    assert read_summary(failed)["status"] == "failed" and "injected fault" in read_summary(failed)["error"]
     assert read_summary(done)["status"] == "completed" and read_summary(done)["steps_completed"] == 2
     tail = r.stdout.split("qwen3exp sweep finished:")[1]
     assert "1 failed, 1 completed" in tail.splitlines()[0]

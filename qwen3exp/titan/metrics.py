@@ -1,13 +1,28 @@
 """Structured metrics: torchtitan's MetricsProcessor with one more logger that appends one JSON
-object per logged step to the run directory's metrics.jsonl (no scraping of colored log lines)."""
+object per logged step to the run directory's metrics.jsonl (no scraping of colored log lines).
+
+Every line is strict JSON: a non-finite number (NaN, +-inf: a diverged loss, an overflowing grad
+norm) is written as null and its key is listed in the row's `nonfinite` (present only then), e.g.
+`{"step": 7, "loss": 2.3, "grad_norm": null, ..., "nonfinite": ["grad_norm"]}`. Python's
+`json.dumps` would otherwise write `NaN` / `Infinity`, which no strict JSON reader accepts."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 
 from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor, _get_metrics_rank
+
+
+def finite_row(row: dict) -> dict:
+    """`row` with every non-finite number replaced by None and those keys listed in `nonfinite`."""
+    bad = [k for k, v in row.items()
+           if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isfinite(v)]
+    if not bad:
+        return row
+    return {**{k: None if k in bad else v for k, v in row.items()}, "nonfinite": bad}
 
 
 class JsonlLogger(BaseLogger):
@@ -29,7 +44,7 @@ class JsonlLogger(BaseLogger):
             "lr": next((v for k, v in metrics.items() if k.startswith("lr")), None),
             "step_seconds": metrics.get("time_metrics/end_to_end(s)"),
         }
-        self._f.write(json.dumps(row) + "\n")
+        self._f.write(json.dumps(finite_row(row), allow_nan=False) + "\n")
         self._f.flush()
         os.fsync(self._f.fileno())
 
