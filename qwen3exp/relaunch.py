@@ -307,8 +307,9 @@ def _report_code(run: Path) -> None:
 
 
 def compare_losses(a: Path, b: Path) -> str:
-    ra = {m["step"]: m["loss"] for m in rundir.read_metrics(a)}
-    rb = {m["step"]: m["loss"] for m in rundir.read_metrics(b)}
+    # A non-finite loss is recorded as null (metrics.jsonl is strict JSON): not comparable.
+    ra = {m["step"]: m["loss"] for m in rundir.read_metrics(a) if m.get("loss") is not None}
+    rb = {m["step"]: m["loss"] for m in rundir.read_metrics(b) if m.get("loss") is not None}
     common = sorted(set(ra) & set(rb))
     if not common:
         return "qwen3exp.relaunch: no common logged steps to compare losses"
