@@ -211,12 +211,16 @@ def foreign_entries(c: Claim) -> list[str]:
     return sorted(n for n in c.before if n not in BOOKKEEPING and not _is_lock(n))
 
 
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+
+
 def not_a_run_problem(c: Claim) -> Problem | None:
     """A directory that existed, holds files and is not a qwen3exp run: never written into."""
     names = foreign_entries(c)
     if not names or rundir.looks_like_run(c.path):
         return None
-    shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    shown = _listed(names)
     if rundir.CHECKPOINT in names:
         message = (f"holds a {rundir.CHECKPOINT}/ but no {rundir.EXPERIMENT} of the run that wrote it "
                    f"({shown}); a checkpoint is resumed only next to its own run's {rundir.EXPERIMENT} "
@@ -225,6 +229,21 @@ def not_a_run_problem(c: Claim) -> Problem | None:
         message = f"already holds files that are not a qwen3exp run ({shown}); they are never overwritten"
     return Problem(c.key, str(c.path), message, "a new or empty directory, or a qwen3exp run of this experiment",
                    "choose another name=... or hydra.run.dir=... (the default is a new timestamped directory)")
+
+
+SWEEP_FILE = "multirun.yaml"
+"""Hydra's record of a sweep, in the sweep directory: a directory holding it is a sweep's."""
+
+
+def not_a_sweep_problem(c: Claim) -> Problem | None:
+    """A sweep directory that existed, holds files and is not an earlier sweep's: never written into."""
+    names = foreign_entries(c)
+    if not names or SWEEP_FILE in names or rundir.looks_like_run(c.path):
+        return None
+    return Problem(c.key, str(c.path),
+                   f"already holds files that are not a qwen3exp sweep ({_listed(names)}); they are never overwritten",
+                   "a new or empty directory, or an earlier sweep's directory (resume)",
+                   "drop hydra.sweep.dir=... (a new timestamped directory) or pass a new one")
 
 
 def disk_problem(key: str, path: Path, need_bytes: int) -> Problem | None:

@@ -362,10 +362,6 @@ def _claim_run(point: Point):
     return held
 
 
-SWEEP_FILE = "multirun.yaml"
-"""Hydra's record of a sweep, in the sweep directory: a directory holding it is a sweep's."""
-
-
 def _claim_sweep(jobs: list, sweep_dir: Path, points: list[Point]):
     """Claim the sweep directory: new, empty, or an earlier sweep's (resume); room for the jobs
     that will run. (Each job's folder is inside it; the plan already checked them.)"""
@@ -378,14 +374,9 @@ def _claim_sweep(jobs: list, sweep_dir: Path, points: list[Point]):
     if disk is not None:
         raise ConfigError([disk])
     held = claim.claim(sweep_dir, key="hydra.sweep.dir")
-    names = claim.foreign_entries(held)
-    if names and SWEEP_FILE not in names and not rundir.looks_like_run(sweep_dir):
+    if (problem := claim.not_a_sweep_problem(held)) is not None:
         held.release(discard=True)
-        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-        raise ConfigError([Problem("hydra.sweep.dir", str(sweep_dir),
-                                   f"already holds files that are not a qwen3exp sweep ({shown}); they are never overwritten",
-                                   "a new or empty directory, or an earlier sweep's directory (resume)",
-                                   "drop hydra.sweep.dir=... (a new timestamped directory) or pass a new one")])
+        raise ConfigError([problem])
     return held
 
 

@@ -131,11 +131,16 @@ def _utf8_error(data: bytes, complete: bool) -> str | None:
     return None
 
 
-def _check_text(path: Path) -> str | None:
+def _readable_head(path: Path) -> tuple[bytes, bool, str | None]:
+    """(the file's first bytes, whether that is all of it, what makes it unreadable as text or None)."""
     data, complete = _head(path)
     if not data:
-        return "the file is empty"
-    bad = _utf8_error(data, complete)
+        return data, complete, "the file is empty"
+    return data, complete, _utf8_error(data, complete)
+
+
+def _check_text(path: Path) -> str | None:
+    data, complete, bad = _readable_head(path)
     if bad:
         return bad
     if b"\x00" in data:
@@ -147,10 +152,7 @@ def _check_text(path: Path) -> str | None:
 
 
 def _check_json(path: Path, field: str, *, first: bool) -> str | Problem | None:
-    data, complete = _head(path)
-    if not data:
-        return "the file is empty"
-    bad = _utf8_error(data, complete)
+    data, complete, bad = _readable_head(path)
     if bad:
         return bad
     if data.startswith(b"\xef\xbb\xbf"):
