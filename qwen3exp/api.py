@@ -1,7 +1,6 @@
 """The Python API: the command line's pipeline, for notebooks and scripts.
 
     from qwen3exp import api
-
     exp = api.compose(["experiment=tiny_native", "training.steps=3"])   # -> Experiment
     plan = api.plan(exp)                                                 # -> Plan (what a dry run prints)
     summary = api.run(["training.steps=3"], run_dir="outputs/nb/first")  # -> summary.json as a dict
@@ -22,7 +21,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from qwen3exp import rundir
+from qwen3exp.run import rundir
 from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError
 
 
@@ -36,8 +35,8 @@ def _argv(overrides: Sequence[str], config_dir: str | Path | None) -> list[str]:
 
 def compose(overrides: Sequence[str] = (), *, config_dir: str | Path | None = None):
     """The validated Experiment of these overrides (no files read beyond the config files)."""
-    from qwen3exp.compose import Composer, parse_argv
-    from qwen3exp.schema import validate_experiment
+    from qwen3exp.config.compose import Composer, parse_argv
+    from qwen3exp.config.schema import validate_experiment
 
     inv = parse_argv(_argv(overrides, config_dir))
     with Composer(inv.config_dir, inv.config_name, inv.search_dirs) as composer:
@@ -48,7 +47,7 @@ def compose(overrides: Sequence[str] = (), *, config_dir: str | Path | None = No
 def plan(exp, run_dir: str | Path | None = None):
     """Resolve and check everything a launch would (model files, data, platform, mesh, memory,
     placement); the Plan a dry run prints. Raises ConfigError naming every problem."""
-    from qwen3exp.plan import make_plan
+    from qwen3exp.plan.build import make_plan
 
     where = run_dir if run_dir is not None else f"outputs/{exp.name}/{rundir.stamp()}"
     return make_plan(exp, where)
@@ -62,7 +61,7 @@ def run(overrides: Sequence[str] = (), *, config_dir: str | Path | None = None, 
     run directory's logs) unless the run is refused."""
     if run_dir is None:
         run_dir = Path("outputs") / compose(overrides, config_dir=config_dir).name / rundir.stamp()
-    from qwen3exp.sweep import quote_value
+    from qwen3exp.launchers.sweep import quote_value
 
     argv = [*_argv(overrides, config_dir), f"hydra.run.dir={quote_value(str(run_dir))}"]
     proc = subprocess.run([sys.executable, "-m", "qwen3exp", *argv], env={**os.environ, **(env or {})},

@@ -2,17 +2,17 @@
 
 1. Every point (one, or each point of a sweep) is composed, validated and planned before anything
    starts; any mistake prints the key, the value and what is allowed, and exits with code 2.
-2. A sweep is planned against its directory (`qwen3exp.sweep`): jobs that completed earlier with
+2. A sweep is planned against its directory (`qwen3exp.launchers.sweep`): jobs that completed earlier with
    the same resolved experiment are skipped, a folder that holds a different experiment refuses
    the sweep (exit 2).
 3. Then Hydra runs (or sweeps) for real with the run/sweep directory pinned to what was checked,
-   and each job launches torchrun through `qwen3exp.launch`. A failing sweep job is recorded
+   and each job launches torchrun through `qwen3exp.launchers.local`. A failing sweep job is recorded
    `failed` and the sweep goes on; at the end a summary table is printed and the report files are
    written into the sweep directory. Exit code: 0 all completed, 1 a job failed or did not run,
    130/143 stopped by Ctrl-C/SIGTERM.
 4. With `launcher=slurm` Hydra's submitit launcher runs the same jobs as SLURM jobs (a run is a
    one-job sweep whose job directory is the run directory); the outcome is read back from the
-   jobs' summaries, and Ctrl-C while waiting cancels the jobs (`qwen3exp.slurm`).
+   jobs' summaries, and Ctrl-C while waiting cancels the jobs (`qwen3exp.launchers.slurm`).
 """
 
 from __future__ import annotations
@@ -26,14 +26,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from qwen3exp import rundir, sweep
-from qwen3exp.compose import Composer, Invocation, parse_argv, shown, sweep_points
+from qwen3exp.run import rundir
+
+from qwen3exp.launchers import sweep
+from qwen3exp.config.compose import Composer, Invocation, parse_argv, shown, sweep_points
 from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError, Problem
-from qwen3exp.schema import Experiment, SlurmLauncher
+from qwen3exp.config.schema import Experiment, SlurmLauncher
 
 if TYPE_CHECKING:
-    from qwen3exp.plan import Plan
-    from qwen3exp.provenance import Provenance
+    from qwen3exp.plan.build import Plan
+    from qwen3exp.run.provenance import Provenance
 
 _results: list[dict] = []
 _points: dict[tuple[str, ...], Point] = {}
@@ -97,7 +99,7 @@ def rerun_problem(exp: Experiment, run_dir: Path) -> Problem | None:
     """A directory that holds a run is never overwritten. The one exception is resuming: with
     checkpoint=dcp and the identical resolved experiment (same experiment.yaml content hash) the
     run continues from its latest checkpoint. None: the rerun may go ahead."""
-    from qwen3exp.launch import run_experiment
+    from qwen3exp.launchers.local import run_experiment
 
     new = rundir.experiment_yaml(run_experiment(exp).model_dump(mode="json"))
     try:
@@ -122,7 +124,7 @@ def rerun_problem(exp: Experiment, run_dir: Path) -> Problem | None:
 def _changed_keys(old: str, new: str) -> list[str]:
     import yaml
 
-    from qwen3exp.diff import differences
+    from qwen3exp.analysis.diff import differences
 
     try:
         a, b = yaml.safe_load(old), yaml.safe_load(new)
@@ -134,8 +136,8 @@ def _changed_keys(old: str, new: str) -> list[str]:
 def check_point(composer: Composer, overrides: list[str], *, context: str | None = None,
                 job_num: int | None = None) -> Point:
     """Every check of one point, all problems together, each with the file its value came from."""
-    from qwen3exp.plan import make_plan, section_problems
-    from qwen3exp.schema import check_experiment
+    from qwen3exp.plan.build import make_plan, section_problems
+    from qwen3exp.config.schema import check_experiment
 
     composed = composer.compose(overrides, context=context, job_num=job_num, collect=True)
     checked = check_experiment(composed.data)
@@ -187,16 +189,16 @@ def _task(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    from qwen3exp.launch import launch, prepare
-    from qwen3exp.plan import make_plan
-    from qwen3exp.schema import validate_experiment
+    from qwen3exp.launchers.local import launch, prepare
+    from qwen3exp.plan.build import make_plan
+    from qwen3exp.config.schema import validate_experiment
 
     hc = HydraConfig.get()
     multirun = hc.mode.name == "MULTIRUN"
     data = OmegaConf.to_container(cfg, resolve=True)
     data.pop("hydra", None)
     run_dir = Path(hc.runtime.output_dir)
-    from qwen3exp.provenance import redact_hydra_record
+    from qwen3exp.run.provenance import redact_hydra_record
 
     if hc.output_subdir:
         redact_hydra_record(run_dir / hc.output_subdir)
@@ -247,7 +249,7 @@ def _record_failure(run_dir: Path, exp: Experiment, code: int, error: str, wall:
 
 
 def _origin(hc, multirun: bool):
-    from qwen3exp.provenance import Origin
+    from qwen3exp.run.provenance import Origin
 
     command = os.environ.get(COMMAND_ENV)
     return Origin(
@@ -280,7 +282,6 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None) -> 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["init"]:
         from qwen3exp import scaffold
-
         return scaffold.main(argv[1:])
     command = command or [sys.executable, "-m", "qwen3exp", *argv]
     os.environ[COMMAND_ENV] = json.dumps(command)
@@ -302,14 +303,14 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None) -> 
     if jobs is not None:
         print(sweep.describe(jobs, Path(inv.output_dir)), flush=True)
     if any(p.exp.dry_run for p in points):
-        from qwen3exp.report_plan import print_plans
+        from qwen3exp.plan.render import print_plans
 
         return print_plans(points)
     _points.clear()
     _points.update({p.task_key: p for p in points})
     try:  # nothing is written before the directory is ours
         if slurm:
-            from qwen3exp.slurm import controller_problem
+            from qwen3exp.launchers.slurm import controller_problem
 
             if (down := controller_problem()) is not None:
                 raise ConfigError([down])
@@ -340,8 +341,8 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None) -> 
 def _claim_run(point: Point):
     """Claim the run directory (or refuse it): new, empty, a resumable run of this experiment, or
     another node's launcher's folder of the same multi-node run; room on its disk."""
-    from qwen3exp import claim, placement
-
+    from qwen3exp.run import claim
+    from qwen3exp.plan import placement
     run_dir = Path(point.run_dir)
     exp = point.exp
     disk = claim.disk_problem("hydra.run.dir", run_dir, claim.estimate_bytes(exp, point.plan.parameters.total))
@@ -365,8 +366,7 @@ def _claim_run(point: Point):
 def _claim_sweep(jobs: list, sweep_dir: Path, points: list[Point]):
     """Claim the sweep directory: new, empty, or an earlier sweep's (resume); room for the jobs
     that will run. (Each job's folder is inside it; the plan already checked them.)"""
-    from qwen3exp import claim
-
+    from qwen3exp.run import claim
     by_dir = {Path(p.run_dir): p for p in points}
     need = sum(claim.estimate_bytes(by_dir[j.run_dir].exp, by_dir[j.run_dir].plan.parameters.total)
                for j in jobs if j.state != sweep.DONE and j.run_dir in by_dir)
@@ -389,7 +389,7 @@ def _on_sigterm(_signum, _frame):
 
 
 def _joins(exp: Experiment, run_dir: Path) -> bool:
-    from qwen3exp.launch import may_join
+    from qwen3exp.launchers.local import may_join
 
     return may_join(exp, run_dir)
 
@@ -413,8 +413,7 @@ def _slurm_points(points) -> bool:
 def _submit_run(inv: Invocation, run_dir: Path) -> int:
     """launcher=slurm, one run: a one-job sweep whose job directory is the run directory. The
     outcome is the job's summary.json; Ctrl-C while waiting cancels the job."""
-    from qwen3exp import slurm
-
+    from qwen3exp.launchers import slurm
     print(f"qwen3exp: submitting a SLURM job through hydra-submitit-launcher; run directory {run_dir}", flush=True)
     started = time.time()
     stopped = None
@@ -440,8 +439,7 @@ def _submit_run(inv: Invocation, run_dir: Path) -> int:
 def _cancel(sweep_dir: Path) -> None:
     """Ctrl-C or SIGTERM while waiting for SLURM jobs: cancel them and wait until they have ended
     (their launchers record the runs as interrupted)."""
-    from qwen3exp import slurm
-
+    from qwen3exp.launchers import slurm
     jobs = slurm.cancel_submitted(sweep_dir)
     print(f"qwen3exp: cancelled SLURM job(s) {', '.join(jobs) or '(none found)'}", file=sys.stderr, flush=True)
     slurm.wait_gone(jobs, timeout_s=60)
@@ -456,8 +454,7 @@ def _multirun(inv: Invocation, jobs: list, command: list[str], *, slurm: bool = 
     stopped = None
     extra = [f"hydra.sweep.dir={sweep.quote_value(str(sweep_dir))}"]
     if slurm:
-        from qwen3exp import slurm as slurm_
-
+        from qwen3exp.launchers import slurm as slurm_
         extra = [*slurm_.hydra_overrides(), *extra]
     old = signal.signal(signal.SIGTERM, _on_sigterm)
     try:

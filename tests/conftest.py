@@ -36,7 +36,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 def compose(*overrides: str) -> dict:
     """Compose conf/ with overrides (as the command line would), returning the plain experiment."""
-    from qwen3exp.compose import _global_experiment, compose_point
+    from qwen3exp.config.compose import _global_experiment, compose_point
 
     return compose_point([_global_experiment(o) for o in overrides]).data
 

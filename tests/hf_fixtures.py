@@ -60,8 +60,8 @@ def first_batches(run_dir: Path) -> list[tuple]:
     import yaml
 
     from qwen3exp.platforms import PlatformFacts
-    from qwen3exp.schema import validate_experiment
-    from qwen3exp.to_torchtitan import to_torchtitan
+    from qwen3exp.config.schema import validate_experiment
+    from qwen3exp.titan.job_config import to_torchtitan
 
     exp = validate_experiment(yaml.safe_load((run_dir / "experiment.yaml").read_text()))
     facts = PlatformFacts(**json.loads((run_dir / "platform.json").read_text()))

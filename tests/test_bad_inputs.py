@@ -220,7 +220,7 @@ def _model_folders(tmp: Path) -> None:
     import numpy as np
     from safetensors.numpy import save_file
 
-    from qwen3exp.flavors import FLAVORS, hf_param_shapes
+    from qwen3exp.config.flavors import FLAVORS, hf_param_shapes
 
     def folder(name: str, **config) -> Path:
         path = tmp / name

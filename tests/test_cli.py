@@ -47,7 +47,7 @@ def test_run_directory_contract(trained):
     assert exp["training"]["steps"] == 12 and exp["model"]["flavor"] == "tiny"
     assert json.loads((run / "platform.json").read_text())["name"] == "cpu"
     cmd = (run / "command.txt").read_text()
-    assert "-m qwen3exp.agent" in cmd and "--nproc-per-node 2" in cmd and "qwen3exp.worker" in cmd
+    assert "-m qwen3exp.run.agent" in cmd and "--nproc-per-node 2" in cmd and "qwen3exp.worker.main" in cmd
     rank_logs = sorted(p.parent.name for p in (run / "logs").rglob("stdout.log"))
     assert rank_logs == ["0", "1"]
     assert list((run / "tb").rglob("events.out.tfevents.*"))

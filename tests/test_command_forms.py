@@ -27,7 +27,7 @@ FORMS = [
     ("info", ("--info", "searchpath"), 0, "Config search path"),
     ("help", ("--help",), 0, "qwen3exp"),
     ("package_without_cfg", ("-p", "training", "dry_run=true"), 2, "together with --cfg"),
-    ("experimental_rerun", ("--experimental-rerun", "x.pickle"), 2, "qwen3exp.relaunch"),
+    ("experimental_rerun", ("--experimental-rerun", "x.pickle"), 2, "qwen3exp.analysis.relaunch"),
     ("unknown_flag", ("--fast", "dry_run=true"), 2, "unknown flag"),
     ("config_dir_missing", ("--config-dir", "{tmp}/nope", "dry_run=true"), 2, "folder does not exist"),
     ("cd_typo_in_user_option", ("-cd", "{conf}", "model=one_layr", "dry_run=true"), 2, "did you mean one_layer?"),

@@ -44,9 +44,9 @@ def hf_checkpoint(tmp_path_factory) -> str:
 
 @pytest.mark.parametrize("group,option", all_conf_files(), ids=lambda x: str(x))
 def test_conf_file_composes_validates_converts(group, option, tmp_path, request):
-    from qwen3exp.launch import prepare
-    from qwen3exp.schema import validate_experiment
-    from qwen3exp.to_torchtitan import to_torchtitan
+    from qwen3exp.launchers.local import prepare
+    from qwen3exp.config.schema import validate_experiment
+    from qwen3exp.titan.job_config import to_torchtitan
 
     needs_ckpt = any("{hf_checkpoint}" in o for o in REQUIRED.get(f"{group}/{option}", []))
     data = compose(*_overrides(group, option, request.getfixturevalue("hf_checkpoint") if needs_ckpt else ""))

@@ -17,8 +17,8 @@ import sys
 import pytest
 
 from conftest import CONF, REPO, compose, read_metrics, read_summary
-from qwen3exp.launch import prepare
-from qwen3exp.schema import validate_experiment
+from qwen3exp.launchers.local import prepare
+from qwen3exp.config.schema import validate_experiment
 from trn2_assets import overrides_for
 
 EXPERIMENTS = CONF / "experiment"
@@ -61,7 +61,7 @@ def test_experiment_file_starts_with_its_command_and_why(name):
 @pytest.mark.parametrize("name", TRN2)
 def test_trn2_experiment_plans_and_converts_for_neuron(name, tmp_path):
     from qwen3exp.titan.attention import DocumentSDPAttention
-    from qwen3exp.to_torchtitan import to_torchtitan
+    from qwen3exp.titan.job_config import to_torchtitan
 
     exp, prep = plan(name, "platform=neuron")
     facts = prep.facts
@@ -89,7 +89,7 @@ def test_trn2_experiment_plans_and_converts_for_neuron(name, tmp_path):
 
 @pytest.mark.parametrize("name", TRN2)
 def test_trn2_plan_fits_the_hbm_of_a_logical_core(name, tmp_path):
-    from qwen3exp.plan import make_plan
+    from qwen3exp.plan.build import make_plan
 
     exp, _ = plan(name)
     p = make_plan(exp, tmp_path)
@@ -119,7 +119,7 @@ def test_trn2_moe_is_the_reduced_30b_a3b():
 
 
 def test_trn2_compile_uses_the_neuron_backend(tmp_path):
-    from qwen3exp.to_torchtitan import to_torchtitan
+    from qwen3exp.titan.job_config import to_torchtitan
 
     exp, prep = plan("trn2_qwen3_4b_native", "training.compile=true")
     config = to_torchtitan(exp, prep.facts, tmp_path)
@@ -137,7 +137,7 @@ def test_trn2_4b_is_the_published_architecture(name):
 
 
 def test_trn2_hf_loads_and_exports_hugging_face_weights(tmp_path):
-    from qwen3exp.to_torchtitan import to_torchtitan
+    from qwen3exp.titan.job_config import to_torchtitan
     from trn2_assets import standins
 
     exp, prep = plan("trn2_qwen3_4b_hf")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from qwen3exp.flavors import FLAVORS, TORCHTITAN_FLAVORS
+from qwen3exp.config.flavors import FLAVORS, TORCHTITAN_FLAVORS
 
 
 def _arch_of_torchtitan(flavor: str) -> dict:

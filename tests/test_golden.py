@@ -26,9 +26,9 @@ def _normalise(d, run_dir: str, repo: str):
 
 
 def test_default_conversion_matches_golden(tmp_path):
-    from qwen3exp.launch import prepare
-    from qwen3exp.schema import validate_experiment
-    from qwen3exp.to_torchtitan import to_torchtitan
+    from qwen3exp.launchers.local import prepare
+    from qwen3exp.config.schema import validate_experiment
+    from qwen3exp.titan.job_config import to_torchtitan
 
     prep = prepare(validate_experiment(compose("platform=cpu")))
     got = _normalise(to_torchtitan(prep.exp, prep.facts, tmp_path).to_dict(), str(tmp_path),

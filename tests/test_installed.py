@@ -82,7 +82,7 @@ def installed(tmp_path_factory) -> dict:
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-q", "-m", "experiments"], check=True)
     commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
-    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import qwen3exp, qwen3exp.compose as c; "
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import qwen3exp, qwen3exp.config.compose as c; "
                             "print(qwen3exp.__file__); print(c.CONF_DIR)"], cwd=repo, env=env,
                            capture_output=True, text=True, check=True).stdout.split()
     return {"run": run, "repo": repo, "commit": commit, "venv": venv, "where": where, "init": init}

@@ -321,8 +321,8 @@ def _neuron_facts(lnc: str | None):
 def test_prelaunch_neuron_seq_len_for_nki_rope(monkeypatch, lnc, seq_len, ok):
     from conftest import compose
     from qwen3exp.errors import ConfigError
-    from qwen3exp.kernels import overrides
-    from qwen3exp.schema import validate_experiment
+    from qwen3exp.titan import overrides
+    from qwen3exp.config.schema import validate_experiment
 
     monkeypatch.delenv(neuron.LNC_ENV, raising=False)
     exp = validate_experiment(compose("kernels=nki_rope", f"training.seq_len={seq_len}"))
@@ -340,8 +340,8 @@ def test_prelaunch_neuron_seq_len_for_nki_rope(monkeypatch, lnc, seq_len, ok):
 def test_prelaunch_neuron_moe_block_size(monkeypatch):
     from conftest import compose
     from qwen3exp.errors import ConfigError
-    from qwen3exp.kernels import overrides
-    from qwen3exp.schema import validate_experiment
+    from qwen3exp.titan import overrides
+    from qwen3exp.config.schema import validate_experiment
 
     exp = validate_experiment(compose("kernels=nki_moe", "model.flavor=tiny_moe", "kernels.moe.block_size=100"))
     with pytest.raises(ConfigError) as e:
@@ -353,7 +353,7 @@ def _trainer_config(exp):
     from pathlib import Path
 
     from qwen3exp.platforms.cpu import facts as cpu_facts
-    from qwen3exp.schema import CpuPlatform
-    from qwen3exp.to_torchtitan import to_torchtitan
+    from qwen3exp.config.schema import CpuPlatform
+    from qwen3exp.titan.job_config import to_torchtitan
 
     return to_torchtitan(exp, cpu_facts(CpuPlatform(), nproc_per_node=None, reason="test"), Path("/tmp/x"))

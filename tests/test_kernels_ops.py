@@ -240,7 +240,7 @@ def test_moe_ops_opcheck():
 
 def test_blockwise_experts_module_equals_grouped_experts():
     """The override's module: same parameters, same bf16 numerics as the stock module."""
-    from qwen3exp.kernels.nki_moe import BlockwiseExperts, nki_moe
+    from qwen3exp.titan.nki_moe import BlockwiseExperts, nki_moe
 
     ge = _grouped_experts()
     be = nki_moe(ge.__class__.Config(dim=D, hidden_dim=FF, num_experts=E), block_size=BLOCK).build()
@@ -257,8 +257,8 @@ def test_override_modules_compile_with_fullgraph():
     shapes and the operators have fake implementations (aot_eager: tracing, no code generation)."""
     from torchtitan.models.common.moe import GroupedExperts
 
-    from qwen3exp.kernels.nki_moe import nki_moe
-    from qwen3exp.kernels.nki_rope import nki_rope
+    from qwen3exp.titan.nki_moe import nki_moe
+    from qwen3exp.titan.nki_rope import nki_rope
 
     torch._dynamo.reset()
     ge = _grouped_experts()

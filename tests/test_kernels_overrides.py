@@ -11,8 +11,8 @@ import pytest
 
 from conftest import REPO, compose, run_cli
 from qwen3exp.errors import ConfigError
-from qwen3exp.kernels import overrides
-from qwen3exp.kernels.overrides import NKI_MOE, NKI_ROPE
+from qwen3exp.titan import overrides
+from qwen3exp.titan.overrides import NKI_MOE, NKI_ROPE
 
 EXAMPLES = REPO / "examples"
 
@@ -23,8 +23,8 @@ def examples_on_path(monkeypatch):
 
 
 def _prepare(*ovr: str):
-    from qwen3exp.launch import prepare
-    from qwen3exp.schema import validate_experiment
+    from qwen3exp.launchers.local import prepare
+    from qwen3exp.config.schema import validate_experiment
 
     return prepare(validate_experiment(compose(*ovr)))
 
@@ -37,7 +37,7 @@ def _problems(*ovr: str) -> list:
 
 # ------------------------------------------------------------------------------- composition
 def test_groups_select_the_builtin_overrides():
-    from qwen3exp.schema import validate_experiment
+    from qwen3exp.config.schema import validate_experiment
 
     rope = validate_experiment(compose("kernels=nki_rope")).kernels
     assert (rope.name, rope.rope.impl, rope.moe.impl, rope.overrides) == ("nki_rope", "nki", "torchtitan", [])
@@ -49,7 +49,7 @@ def test_groups_select_the_builtin_overrides():
 
 def test_plain_experiments_do_not_import_torchtitan_to_validate():
     code = ("import sys; sys.path.insert(0, 'tests'); from conftest import compose; "
-            "from qwen3exp.schema import validate_experiment; from qwen3exp.launch import prepare; "
+            "from qwen3exp.config.schema import validate_experiment; from qwen3exp.launchers.local import prepare; "
             "p = prepare(validate_experiment(compose())); assert p.overrides == []; "
             "assert 'torchtitan' not in sys.modules and 'torch' not in sys.modules, 'imported'")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
@@ -58,7 +58,7 @@ def test_plain_experiments_do_not_import_torchtitan_to_validate():
 
 
 def test_torchtitan_config_lists_the_imports(tmp_path):
-    from qwen3exp.to_torchtitan import to_torchtitan
+    from qwen3exp.titan.job_config import to_torchtitan
 
     prep = _prepare("kernels=nki_moe", "model.flavor=tiny_moe", "kernels.rope.impl=nki", "kernels.moe.block_size=256")
     config = to_torchtitan(prep.exp, prep.facts, tmp_path)
@@ -77,13 +77,13 @@ def test_fqns_limit_the_override_to_chosen_layers(tmp_path):
     from torchtitan.config.override import apply_overrides
     from torchtitan.models.common import CosSinRoPE
 
-    from qwen3exp.kernels.nki_rope import NKIRoPE
-    from qwen3exp.to_torchtitan import to_torchtitan
+    from qwen3exp.titan.nki_rope import NKIRoPE
+    from qwen3exp.titan.job_config import to_torchtitan
 
     prep = _prepare("kernels=nki_rope", "model.n_layers=2", "kernels.rope.fqns=[model_spec.model.layers.1.*]")
     (claim,) = prep.overrides
     assert claim["nodes"] == ["model_spec.model.layers.1.attention.rope"]
-    assert claim["import_name"].startswith("qwen3exp.kernels.overrides.nki_rope__")
+    assert claim["import_name"].startswith("qwen3exp.titan.overrides.nki_rope__")
     config = to_torchtitan(prep.exp, prep.facts, tmp_path)
     lines = apply_overrides(config.override, config)
     assert len(lines) == 1 and "layers.1.attention.rope" in lines[0]
@@ -155,7 +155,7 @@ def test_user_override_from_the_readme(examples_on_path, tmp_path):
     import torch
     from torchtitan.config.override import apply_overrides
 
-    from qwen3exp.to_torchtitan import to_torchtitan
+    from qwen3exp.titan.job_config import to_torchtitan
 
     prep = _prepare("kernels=nki_rope", "kernels.overrides=[{target: my_kernels.silu_mul_ffn, "
                                         "fqns: [model_spec.model.layers.1.feed_forward], kwargs: {upcast: true}}]")
@@ -179,7 +179,7 @@ def test_overridden_moe_model_equals_stock(tmp_path):
     from torchtitan.config.override import apply_overrides
 
     from qwen3exp.kernels import moe_blockwise, rope
-    from qwen3exp.to_torchtitan import to_torchtitan
+    from qwen3exp.titan.job_config import to_torchtitan
 
     prep = _prepare("kernels=nki_moe", "model.flavor=tiny_moe", "kernels.rope.impl=nki", "kernels.moe.block_size=16")
     config = to_torchtitan(prep.exp, prep.facts, tmp_path)
@@ -210,7 +210,7 @@ def test_overridden_moe_model_equals_stock(tmp_path):
 
 # ------------------------------------------------------------------------- model reductions
 def _trainer_config(*ovr: str):
-    from qwen3exp.to_torchtitan import to_torchtitan
+    from qwen3exp.titan.job_config import to_torchtitan
 
     prep = _prepare(*ovr)
     return to_torchtitan(prep.exp, prep.facts, Path("/nonexistent"))
@@ -234,7 +234,7 @@ def test_walkthrough_reductions_reach_the_model_and_nki_moe_claims_every_layer()
 def test_reduced_tiny_moe_builds_with_the_reduced_parameter_count():
     import torch
 
-    from qwen3exp.schema import validate_experiment
+    from qwen3exp.config.schema import validate_experiment
 
     exp = validate_experiment(compose("experiment=tiny_moe_nki"))
     arch = exp.model.arch()

@@ -65,4 +65,4 @@ def test_summary_counts_one_override_per_layer(runs):
     (moe,) = read_summary(runs["moe_kernels"])["overrides"]
     assert moe["key"] == "kernels.moe" and moe["nodes"] == moe["applied"] == 2
     applied = json.loads((runs["moe_kernels"] / "overrides_applied.json").read_text())
-    assert [(a["name"], a["new"]) for a in applied] == [("qwen3exp.kernels.nki_moe.nki_moe", "BlockwiseExperts.Config")] * 2
+    assert [(a["name"], a["new"]) for a in applied] == [("qwen3exp.titan.nki_moe.nki_moe", "BlockwiseExperts.Config")] * 2

@@ -8,9 +8,7 @@ import math
 
 import pytest
 
-from qwen3exp import rundir
-
-
+from qwen3exp.run import rundir
 def _strict(line: str) -> dict:
     def refuse(name):
         raise ValueError(f"not JSON: {name}")
@@ -52,8 +50,7 @@ def test_plain_json_dumps_would_not_be_strict():
 
 
 def test_readers_take_a_null_loss(tmp_path):
-    from qwen3exp import report
-
+    from qwen3exp.analysis import report
     rows = [{"step": 1, "loss": 3.0, "tokens_per_second": 10.0, "memory_gib": 1.0},
             {"step": 2, "loss": None, "grad_norm": None, "tokens_per_second": 12.0, "memory_gib": 1.0,
              "nonfinite": ["loss", "grad_norm"]}]

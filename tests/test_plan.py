@@ -15,12 +15,12 @@ import pytest
 
 from conftest import CONF, REPO, read_summary, run_cli
 
-from qwen3exp import memory
-from qwen3exp.compose import Composer, _global_experiment
+from qwen3exp.plan import memory
+from qwen3exp.config.compose import Composer, _global_experiment
 from qwen3exp.errors import ConfigError
-from qwen3exp.plan import make_plan, mesh_problems
+from qwen3exp.plan.build import make_plan, mesh_problems
 from qwen3exp.platforms import PlatformFacts
-from qwen3exp.schema import NativeModel, validate_experiment
+from qwen3exp.config.schema import NativeModel, validate_experiment
 
 # ------------------------------------------------------- parameters: plan vs torchtitan's model
 # Runs in a subprocess (torchtitan must be imported after the CPU platform is prepared): builds each
@@ -30,7 +30,7 @@ from qwen3exp.schema import NativeModel, validate_experiment
 COUNT_SCRIPT = r'''
 import json, os, sys
 from qwen3exp.platforms import prepare_worker, resolve
-from qwen3exp.schema import CpuPlatform, NativeModel
+from qwen3exp.config.schema import CpuPlatform, NativeModel
 prepare_worker(resolve(CpuPlatform()))
 import torch, torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -226,8 +226,8 @@ def test_cpu_oversubscription_is_a_warning():
 
 # ------------------------------------------------------------------------ hooks and commands
 def test_override_hook_and_multinode_commands(monkeypatch):
-    from qwen3exp import plan as plan_module
-    from qwen3exp.report_plan import render
+    from qwen3exp.plan import build as plan_module
+    from qwen3exp.plan.render import render
 
     exp = _exp({"name": "t", "dry_run": True,
                                "launcher": {"kind": "local", "nnodes": 2, "rdzv_endpoint": "head:29500",
@@ -299,7 +299,7 @@ def conf_copy(tmp_path) -> Path:
 
 
 def test_provenance_names_every_layer(conf_copy):
-    from qwen3exp.schema import validate_experiment as validate
+    from qwen3exp.config.schema import validate_experiment as validate
 
     with Composer(conf_copy) as c:
         composed = c.compose([_global_experiment("experiment=prov"), "training.lr=0.01", "data=bundled"])
@@ -339,7 +339,7 @@ def test_dry_run_prints_the_plan_without_torch(tmp_path):
                  "!!! WARNING: DOES NOT FIT",
                  "tokens:     4,096 per step, 2,048 per rank per step",
                  "overrides:  none", "checkpoint: checkpoint=none: nothing is loaded",
-                 "-m qwen3exp.agent --nnodes 1 --nproc-per-node 2"):
+                 "-m qwen3exp.run.agent --nnodes 1 --nproc-per-node 2"):
         assert text in out, out
 
 

@@ -25,7 +25,7 @@ def test_device_selection_must_happen_before_torchtitan_import():
     r = _py("""
         from qwen3exp.platforms import prepare_worker
         from qwen3exp.platforms.cpu import facts
-        from qwen3exp.schema import CpuPlatform
+        from qwen3exp.config.schema import CpuPlatform
         prepare_worker(facts(CpuPlatform(), nproc_per_node=2, reason="test"))
         from torchtitan.tools import utils
         from torchtitan.components.metrics import DeviceMemoryMonitor
@@ -102,7 +102,7 @@ def test_fsdp_over_gloo_needs_sum_reductions(mode, tmp_path):
 
 def test_with_sum_reductions_wraps_parallelize():
     from qwen3exp.titan.model import qwen3_model_spec
-    from qwen3exp.flavors import FLAVORS
+    from qwen3exp.config.flavors import FLAVORS
 
     spec = qwen3_model_spec(FLAVORS["tiny"], flavor="tiny", attention="sdpa", force_sum_reductions=True)
     assert spec.parallelize_fn.__name__ == "parallelize"

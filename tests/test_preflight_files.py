@@ -20,14 +20,14 @@ import pytest
 
 from conftest import REPO, read_metrics, read_summary, run_cli
 
-from qwen3exp import data_files, model_files
+from qwen3exp.plan import data_files, model_files
 from qwen3exp.assets import TOKENIZER_DIR
 from qwen3exp.errors import ConfigError
-from qwen3exp.flavors import FLAVORS, HF_ROPE_TYPES, arch_from_hf_config, hf_param_shapes
-from qwen3exp.model_files import nonfinite_tensors
-from qwen3exp.plan import make_plan
+from qwen3exp.config.flavors import FLAVORS, HF_ROPE_TYPES, arch_from_hf_config, hf_param_shapes
+from qwen3exp.plan.model_files import nonfinite_tensors
+from qwen3exp.plan.build import make_plan
 from qwen3exp.platforms import cpu
-from qwen3exp.schema import SECTIONS, check_experiment, validate_experiment
+from qwen3exp.config.schema import SECTIONS, check_experiment, validate_experiment
 
 
 def _exp(**sections):
@@ -484,8 +484,8 @@ def test_preflight_imports_no_torch(tmp_path):
     data.write_text('{"text": "hello"}\n')
     script = f"""
 import sys
-from qwen3exp.schema import validate_experiment
-from qwen3exp.plan import make_plan
+from qwen3exp.config.schema import validate_experiment
+from qwen3exp.plan.build import make_plan
 exp = validate_experiment({{"name": "t", "dry_run": True, "platform": {{"name": "cpu"}},
     "model": {{"backend": "native", "flavor": "tiny", "hf_assets_path": {str(folder)!r}}},
     "checkpoint": {{"kind": "hf_load"}}, "data": {{"source": "local", "path": {str(data)!r}}}}})

@@ -22,7 +22,7 @@ import pytest
 from conftest import read_metrics, read_summary, run_cli
 from runprocs import TINY, start_cli, wait_for
 
-from qwen3exp import claim, procs
+from qwen3exp.run import claim, procs
 from qwen3exp.errors import ConfigError
 
 FAST = ("training.steps=2", "training.warmup_steps=0", "training.seq_len=32", "training.local_batch_size=1",
@@ -93,7 +93,7 @@ def test_in_use_compares_paths_exactly(tmp_path):
     """A live run in runs/exp10 is not a run in runs/exp1 (the old check compared substrings)."""
     exp10, exp1 = tmp_path / "runs" / "exp10", tmp_path / "runs" / "exp1"
     exp10.mkdir(parents=True)
-    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "qwen3exp.worker",
+    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "qwen3exp.worker.main",
                              "exp10"], cwd=tmp_path / "runs")
     try:
         wait_for(lambda: procs.workers_of(exp10), timeout=10, what="the fake worker")
@@ -150,7 +150,7 @@ def test_checkpoint_without_its_run_is_not_resumed(tmp_path):
 
 def _fake_worker(run_dir: Path) -> subprocess.Popen:
     """A process that looks like a live rank of `run_dir` (the launcher waits for it, then refuses)."""
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "-m", "qwen3exp.worker",
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "-m", "qwen3exp.worker.main",
                              str(run_dir)])
 
 
@@ -235,8 +235,7 @@ def test_second_launch_into_the_same_directory_is_refused(tmp_path):
 
 
 def test_default_names_are_unique_and_sortable():
-    from qwen3exp import rundir
-
+    from qwen3exp.run import rundir
     stamps = [rundir.stamp() for _ in range(8)]  # 8 launches in one millisecond: 8 names
     assert len(set(stamps)) == len(stamps)
     import re

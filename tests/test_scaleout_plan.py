@@ -14,10 +14,12 @@ import time
 import pytest
 
 from conftest import compose
-from qwen3exp import faults, placement, procs, slurm
+from qwen3exp.run import faults, procs
+from qwen3exp.plan import placement
+from qwen3exp.launchers import slurm
 from qwen3exp.cli import main
 from qwen3exp.errors import ConfigError
-from qwen3exp.schema import validate_experiment
+from qwen3exp.config.schema import validate_experiment
 
 TWO_NODES = ("launcher.nnodes=2", "launcher.nproc_per_node=1", "launcher.rdzv_endpoint=10.0.0.1:29400")
 
@@ -158,7 +160,7 @@ def test_parent_death_signal_and_kill_tree(tmp_path):
         import os, signal, subprocess, sys, time
         child = subprocess.Popen([sys.executable, "-c",
             "import os, signal, time\\n"
-            "from qwen3exp import procs\\n"
+            "from qwen3exp.run import procs\\n"
             "procs.die_with_parent(signal.SIGKILL, {{ppid}})\\n"
             "open({str(pidfile)!r}, 'w').write(str(os.getpid()))\\n"
             "time.sleep(600)\\n".replace("{{ppid}}", str(os.getpid()))], start_new_session=True)

@@ -4,7 +4,7 @@
   adapter (qwen3exp/titan/hf_model.py) refuses a config.json with `auto_map` and forces
   `trust_remote_code=False` (the rank-side guarantee; the launcher's own refusal is tested with
   model_files).
-- Recorded run directories: `python -m qwen3exp.relaunch RUN` refuses a `.hydra/config.yaml` that
+- Recorded run directories: `python -m qwen3exp.analysis.relaunch RUN` refuses a `.hydra/config.yaml` that
   asks Hydra or logging to instantiate anything.
 - Provenance: git.diff holds tracked changes only; URL credentials and secret-looking variables,
   flags and overrides are redacted in provenance.json (and command.txt / plan.json's commands).
@@ -153,7 +153,7 @@ def test_relaunch_refuses_code_in_a_recorded_run(tmp_path, hydra, key):
     (run / "planted_cb.py").write_text(PLANTED.format(
         marker=str(marker), tail="raise SystemExit('planted code ran')"))
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
-    r = run_cli(".", f"hydra.run.dir={tmp_path / 'again'}", module="qwen3exp.relaunch", cwd=run, timeout=300)
+    r = run_cli(".", f"hydra.run.dir={tmp_path / 'again'}", module="qwen3exp.analysis.relaunch", cwd=run, timeout=300)
     assert not marker.exists(), "the planted code ran: " + r.stderr[-2000:]
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
     assert "Traceback" not in r.stderr and key in r.stderr, r.stderr
@@ -165,7 +165,7 @@ def test_relaunch_refuses_code_in_a_recorded_run(tmp_path, hydra, key):
 def test_relaunch_of_a_genuine_recorded_config_still_works(tmp_path):
     """No hydra section (what Hydra records): relaunch composes and plans it (dry run)."""
     run = _recorded_run(tmp_path)
-    r = run_cli(str(run), "dry_run=true", f"hydra.run.dir={tmp_path / 'again'}", module="qwen3exp.relaunch",
+    r = run_cli(str(run), "dry_run=true", f"hydra.run.dir={tmp_path / 'again'}", module="qwen3exp.analysis.relaunch",
                 timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "refused" not in (r.stdout + r.stderr).lower()
@@ -209,7 +209,7 @@ OK_HYDRA = {
     (None, {"extra": [{"()": "os.system"}]}, "extra[0].()"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_recorded_config_code_routes_are_named(tmp_path, hydra, top, key):
-    from qwen3exp.relaunch import recorded_code_problems
+    from qwen3exp.analysis.relaunch import recorded_code_problems
 
     run = _recorded_run(tmp_path, hydra, **top)
     problems = recorded_code_problems(run / ".hydra" / "config.yaml", run)
@@ -217,14 +217,14 @@ def test_recorded_config_code_routes_are_named(tmp_path, hydra, top, key):
 
 
 def test_recorded_config_with_hydras_own_plugins_is_data(tmp_path):
-    from qwen3exp.relaunch import recorded_code_problems
+    from qwen3exp.analysis.relaunch import recorded_code_problems
 
     run = _recorded_run(tmp_path, OK_HYDRA)
     assert [p.render() for p in recorded_code_problems(run / ".hydra" / "config.yaml", run)] == []
 
 
 def test_recorded_kernel_override_from_the_run_directory_is_refused(tmp_path, monkeypatch):
-    from qwen3exp.relaunch import recorded_code_problems
+    from qwen3exp.analysis.relaunch import recorded_code_problems
 
     run = _recorded_run(tmp_path, kernels={"name": "default", "overrides": [{"target": "planted_override.fn"}]})
     (run / "planted_override.py").write_text("raise SystemExit('imported')\n")
@@ -234,7 +234,7 @@ def test_recorded_kernel_override_from_the_run_directory_is_refused(tmp_path, mo
 
 
 def test_unreadable_recorded_config_is_a_problem_not_a_traceback(tmp_path):
-    from qwen3exp.relaunch import recorded_code_problems
+    from qwen3exp.analysis.relaunch import recorded_code_problems
 
     bad = tmp_path / "config.yaml"
     bad.write_text("a: !!python/object/apply:os.system ['true']\n")
@@ -250,8 +250,7 @@ def _git(repo: Path, *args: str) -> None:
 @pytest.fixture
 def source_tree(tmp_path, monkeypatch) -> Path:
     """A git checkout with a modified tracked file and an untracked `.env` holding a token."""
-    from qwen3exp import provenance
-
+    from qwen3exp.run import provenance
     repo = tmp_path / "src"
     repo.mkdir()
     _git(repo, "init", "-q")
@@ -268,8 +267,7 @@ SECRETS = ("hf_secret123", "pw_in_url", "wandbkey123", "sessiontok", "ranktok", 
 
 
 def test_provenance_holds_tracked_changes_and_no_secrets(source_tree, tmp_path, monkeypatch):
-    from qwen3exp import provenance
-
+    from qwen3exp.run import provenance
     monkeypatch.setenv("HF_ENDPOINT", "https://user:pw_in_url@hub.example")
     monkeypatch.setenv("WANDB_BASE_URL", "https://bob:pw_in_url@wandb.example:8080/x")
     monkeypatch.setenv("WANDB_API_KEY", "wandbkey123")
@@ -307,8 +305,7 @@ def test_provenance_holds_tracked_changes_and_no_secrets(source_tree, tmp_path, 
 
 
 def test_untracked_files_alone_leave_no_diff(source_tree):
-    from qwen3exp import provenance
-
+    from qwen3exp.run import provenance
     _git(source_tree, "checkout", "--", "train.py")
     state, diff = provenance.git_state(source_tree)
     assert diff is None and state["dirty"] is False
@@ -326,7 +323,7 @@ def test_untracked_files_alone_leave_no_diff(source_tree):
     ("model.hf_assets_path", False),
 ])
 def test_secret_name_rule(name, secret):
-    from qwen3exp.provenance import is_secret_name
+    from qwen3exp.run.provenance import is_secret_name
 
     assert is_secret_name(name) is secret
 
@@ -345,7 +342,7 @@ def test_secret_name_rule(name, secret):
     ("PATH=/usr/bin:/bin", "PATH=/usr/bin:/bin"),
 ])
 def test_redact_argv(arg, shown):
-    from qwen3exp.provenance import redact_argv
+    from qwen3exp.run.provenance import redact_argv
 
     assert redact_argv([arg]) == [shown]
     assert redact_argv(["--token", "abc", "--tokenizer", "tok.json"]) == ["--token", "***", "--tokenizer", "tok.json"]

@@ -19,7 +19,7 @@ import time
 import pytest
 
 from conftest import REPO, read_metrics, read_summary, run_cli
-from qwen3exp import rundir
+from qwen3exp.run import rundir
 from runprocs import assert_no_survivors, kill_leftovers, start_cli, wait_for
 
 pytestmark = pytest.mark.slow
@@ -75,7 +75,7 @@ def test_a_run_through_slurm(cluster, tmp_path):
     script = next(job.glob("*_submission.sh")).read_text()
     assert "#SBATCH --nodes=1" in script and "#SBATCH --cpus-per-task=1" in script
     assert "srun" not in script  # _task runs once; it starts the agents itself
-    assert (run / "command.txt").read_text().split()[1:4] == ["-m", "qwen3exp.agent", "--nnodes"]
+    assert (run / "command.txt").read_text().split()[1:4] == ["-m", "qwen3exp.run.agent", "--nnodes"]
     _jobs_ended_then_no_survivors(run)
 
 

@@ -40,7 +40,7 @@ def _env() -> dict:
 
 # ------------------------------------------------------------------------- fast: before any job
 def test_safe_dirname():
-    from qwen3exp.sweep import safe_dirname
+    from qwen3exp.launchers.sweep import safe_dirname
 
     assert safe_dirname("training.lr=0.001,training.seed=1") == "training.lr=0.001,training.seed=1"
     assert safe_dirname("experiment@_global_=tiny_sweep,training.lr=1") == "experiment=tiny_sweep,training.lr=1"
@@ -140,7 +140,7 @@ def test_interrupted_sweep_reruns_only_the_remaining_jobs(sweep):
 @pytest.mark.slow
 def test_report_table_has_a_row_per_run_and_the_varied_keys(sweep):
     d = sweep["dir"]
-    r = run_cli(str(d), "--format", "csv", module="qwen3exp.report")
+    r = run_cli(str(d), "--format", "csv", module="qwen3exp.analysis.report")
     assert r.returncode == 0, r.stderr
     rows = list(csv.DictReader(io.StringIO(r.stdout)))
     assert len(rows) == 4
@@ -152,7 +152,7 @@ def test_report_table_has_a_row_per_run_and_the_varied_keys(sweep):
         assert row["status"] == "completed" and row["steps"] == "5"
         assert float(row["final loss"]) == read_metrics(run)[-1]["loss"]
         assert float(row["tokens/s"]) > 0 and float(row["peak mem GiB"]) > 0 and float(row["wall s"]) > 0
-    md = run_cli(str(d), "--format", "markdown", "--no-files", module="qwen3exp.report").stdout
+    md = run_cli(str(d), "--format", "markdown", "--no-files", module="qwen3exp.analysis.report").stdout
     assert md.count("| experiment=tiny_sweep,training.lr=") == 4
     assert (d / "report.md").read_text().count("\n") == 6 and (d / "report.csv").exists()
     assert "4 loss curve(s)" in r.stderr
@@ -160,8 +160,8 @@ def test_report_table_has_a_row_per_run_and_the_varied_keys(sweep):
 
 @pytest.mark.slow
 def test_loss_plot_has_one_curve_per_run(sweep, tmp_path):
-    from qwen3exp import report, rundir
-
+    from qwen3exp.analysis import report
+    from qwen3exp.run import rundir
     d = sweep["dir"]
     png = d / "loss.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
@@ -186,13 +186,13 @@ def test_loss_plot_has_one_curve_per_run(sweep, tmp_path):
 def test_diff_names_the_keys_that_differ(sweep):
     d = sweep["dir"]
     a, b = job_dir(d, *POINTS[0]), job_dir(d, *POINTS[3])
-    r = run_cli(str(a), str(b), module="qwen3exp.diff")
+    r = run_cli(str(a), str(b), module="qwen3exp.analysis.diff")
     assert r.returncode == 1
     assert [line.split()[0] for line in r.stdout.splitlines()] == ["training.lr", "training.seed"]
     assert "0.001 -> 0.003" in r.stdout and "1 -> 2" in r.stdout
-    same = run_cli(str(a), str(a), "--provenance", module="qwen3exp.diff")
+    same = run_cli(str(a), str(a), "--provenance", module="qwen3exp.analysis.diff")
     assert same.returncode == 0 and "identical" in same.stdout
-    assert run_cli(str(a), str(d), module="qwen3exp.diff").returncode == 2
+    assert run_cli(str(a), str(d), module="qwen3exp.analysis.diff").returncode == 2
 
 
 @pytest.mark.slow
@@ -247,14 +247,14 @@ def test_dry_run_of_a_finished_sweep_would_skip_every_job(sweep):
 def test_relaunch_from_a_run_directory_reproduces_the_losses(sweep, tmp_path):
     original = job_dir(sweep["dir"], *POINTS[3])
     new = tmp_path / "again"
-    r = run_cli(str(original), f"hydra.run.dir={new}", module="qwen3exp.relaunch")
+    r = run_cli(str(original), f"hydra.run.dir={new}", module="qwen3exp.analysis.relaunch")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "same resolved experiment as recorded" in r.stdout
     assert [m["loss"] for m in read_metrics(new)] == [m["loss"] for m in read_metrics(original)]
     assert "losses identical" in r.stdout
     assert (new / "experiment.yaml").read_text() == (original / "experiment.yaml").read_text()
     prov = json.loads((new / "provenance.json").read_text())
-    assert prov["command"][1:3] == ["-m", "qwen3exp.relaunch"] and prov["hydra"]["mode"] == "RUN"
+    assert prov["command"][1:3] == ["-m", "qwen3exp.analysis.relaunch"] and prov["hydra"]["mode"] == "RUN"
     # The plain Hydra form composes the same experiment (checked without training).
     dry = run_cli("--config-path", str(original / ".hydra"), "--config-name", "config", "dry_run=true")
     assert dry.returncode == 0, dry.stderr

@@ -79,7 +79,7 @@ def resolve(platform, *, nproc_per_node: int | None = None, dry_run: bool = Fals
 def _auto(nproc_per_node: int | None, dry_run: bool) -> PlatformFacts:
     """cuda if torch sees a GPU, else neuron if torch_neuronx is usable, else cpu; says why."""
     from qwen3exp.platforms import cpu, cuda, neuron, probe
-    from qwen3exp.schema import CpuPlatform, CudaPlatform, NeuronPlatform
+    from qwen3exp.config.schema import CpuPlatform, CudaPlatform, NeuronPlatform
 
     why: list[str] = []
     hint = probe.cuda_hint()

@@ -68,7 +68,7 @@ def host_problems(facts: PlatformFacts, *, ranks: int, plan_bytes_per_rank: int 
     the key ranks per node came from; `threads_given`: platform.threads_per_rank was set;
     `plan_bytes_per_rank` None: the plan does not fit its per-rank budget (already a problem), so
     the host's memory is not checked again."""
-    from qwen3exp.memory import gib
+    from qwen3exp.plan.memory import gib
 
     problems: list[Problem] = []
     available = available_memory()

@@ -8,7 +8,7 @@ initialisation is identical to upstream's flavors.
 
 from __future__ import annotations
 
-from qwen3exp.flavors import Arch
+from qwen3exp.config.flavors import Arch
 
 
 def qwen3_model_config(arch: Arch, *, attention: str):

@@ -42,7 +42,7 @@ def side_by_side(stock, ours, repeats: int) -> tuple[float, float]:
 def rope_case(B, S, Hq, Hk, D):
     from torchtitan.models.common import CosSinRoPE
 
-    from qwen3exp.kernels.nki_rope import NKIRoPE, nki_rope
+    from qwen3exp.titan.nki_rope import NKIRoPE, nki_rope
 
     cfg = CosSinRoPE.Config(dim=D, max_seq_len=4096, theta=1e6)
     stock, ours = cfg.build(), nki_rope(cfg).build()
@@ -65,7 +65,7 @@ def rope_case(B, S, Hq, Hk, D):
 def moe_case(T, K, D, F, E, block):
     from torchtitan.models.common.moe import GroupedExperts
 
-    from qwen3exp.kernels.nki_moe import nki_moe
+    from qwen3exp.titan.nki_moe import nki_moe
 
     cfg = GroupedExperts.Config(dim=D, hidden_dim=F, num_experts=E)
     stock, ours = cfg.build(), nki_moe(cfg, block_size=block).build()

@@ -40,7 +40,7 @@ def wall(argv: list[str], repeat: int) -> float:
 
 
 def preflight_seconds(repeat: int) -> tuple[float, int]:
-    code = ("import sys, time; from qwen3exp.cli import preflight; from qwen3exp.compose import parse_argv; "
+    code = ("import sys, time; from qwen3exp.cli import preflight; from qwen3exp.config.compose import parse_argv; "
             "inv = parse_argv(sys.argv[1:]); t = time.perf_counter(); pts = preflight(inv); "
             "print(time.perf_counter() - t, len(pts))")
     times, n = [], 0

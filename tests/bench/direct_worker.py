@@ -8,14 +8,14 @@ import sys
 from pathlib import Path
 
 from qwen3exp.platforms import prepare_worker
-from qwen3exp.worker import load_run
+from qwen3exp.worker.main import load_run
 
 exp, facts = load_run(Path(sys.argv[1]))
 prepare_worker(facts)  # the CPU needs it before torchtitan is imported, launcher or not
 
 import torch  # noqa: E402
 
-from qwen3exp.to_torchtitan import to_torchtitan  # noqa: E402
+from qwen3exp.titan.job_config import to_torchtitan  # noqa: E402
 
 out = Path(sys.argv[2])
 out.mkdir(parents=True, exist_ok=True)

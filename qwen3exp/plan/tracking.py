@@ -16,7 +16,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from qwen3exp.errors import Problem
-from qwen3exp.schema import Experiment
+from qwen3exp.config.schema import Experiment
 
 _NO_LOGIN_MODES = ("offline", "disabled", "dryrun")
 

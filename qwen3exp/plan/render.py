@@ -9,9 +9,7 @@ from __future__ import annotations
 import shlex
 import sys
 
-from qwen3exp import memory
-
-
+from qwen3exp.plan import memory
 def print_plans(points, out=None) -> int:
     out = out or sys.stdout
     first_table = None

@@ -15,7 +15,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic_core import PydanticUndefined
 
 from qwen3exp.errors import ConfigError, MISSING, Problem, did_you_mean, one_of
-from qwen3exp.flavors import FLAVORS, Arch
+from qwen3exp.config.flavors import FLAVORS, Arch
 
 
 class _Strict(BaseModel):
@@ -504,7 +504,7 @@ def sequence_problems(training: Training | None, parallelism: Parallelism | None
     This function reports the loss and cp part (which needs no model); `section_arch_problems` the
     tensor-parallel part, once tp fits the model's heads (a tp that is wrong anyway is one mistake,
     not two)."""
-    from qwen3exp.memory import LOSS_CHUNKS
+    from qwen3exp.plan.memory import LOSS_CHUNKS
 
     if training is None or parallelism is None:
         return []
@@ -518,7 +518,7 @@ def _seq_len_problem(seq: int, tp: int, cp: int) -> Problem:
     satisfies every part (see `sequence_problems`)."""
     import math
 
-    from qwen3exp.memory import LOSS_CHUNKS
+    from qwen3exp.plan.memory import LOSS_CHUNKS
 
     sharded = tp * (2 * cp if cp > 1 else 1)
     divisor = math.lcm(LOSS_CHUNKS * cp, sharded)

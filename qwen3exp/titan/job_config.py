@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qwen3exp import model_files
+from qwen3exp.plan import model_files
 from qwen3exp.assets import CORPUS_DIR
-from qwen3exp.flavors import Arch
+from qwen3exp.config.flavors import Arch
 from qwen3exp.platforms import PlatformFacts
-from qwen3exp.schema import Experiment
+from qwen3exp.config.schema import Experiment
 
 
 def resolve_arch(exp: Experiment) -> Arch:
@@ -46,8 +46,8 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
     from torchtitan.trainer import Trainer
 
-    from qwen3exp import rundir
-    from qwen3exp.kernels import overrides
+    from qwen3exp.run import rundir
+    from qwen3exp.titan import overrides
     from qwen3exp.titan import dataset
     from qwen3exp.titan.metrics import JsonlMetricsProcessor
 
@@ -136,8 +136,7 @@ def checkpoint_config(exp: Experiment):
     """torchtitan's CheckpointManager.Config for the experiment's checkpoint kind."""
     from torchtitan.components.checkpoint import CheckpointManager
 
-    from qwen3exp import rundir
-
+    from qwen3exp.run import rundir
     c, folder = exp.checkpoint, rundir.CHECKPOINT
     weights = model_files.weights_folder(exp)
     load = dict(initial_load_path=str(weights), initial_load_in_hf=True, initial_load_model_only=True)

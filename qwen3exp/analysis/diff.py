@@ -1,4 +1,4 @@
-"""`python -m qwen3exp.diff RUN_A RUN_B`: the keys whose resolved values differ between two runs.
+"""`python -m qwen3exp.analysis.diff RUN_A RUN_B`: the keys whose resolved values differ between two runs.
 
 Compares the resolved experiments (`experiment.yaml`), key by dotted key. With `--provenance` it
 also compares where the runs came from (git commit, package versions, platform, host). Exit code
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from qwen3exp import rundir
+from qwen3exp.run import rundir
 from qwen3exp.errors import EXIT_CONFIG_ERROR
 
 
@@ -58,7 +58,7 @@ def _provenance_view(run: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m qwen3exp.diff", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m qwen3exp.analysis.diff", description=__doc__.split("\n\n")[0])
     ap.add_argument("run_a", type=Path)
     ap.add_argument("run_b", type=Path)
     ap.add_argument("--provenance", action="store_true",
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     for run in (args.run_a, args.run_b):
         data = rundir.read_experiment(run)
         if data is None:
-            print(f"qwen3exp.diff: {run} is not a run directory (no readable {rundir.EXPERIMENT})", file=sys.stderr)
+            print(f"qwen3exp.analysis.diff: {run} is not a run directory (no readable {rundir.EXPERIMENT})", file=sys.stderr)
             return EXIT_CONFIG_ERROR
         exps.append(data)
     changes = differences(*exps)

@@ -1,4 +1,4 @@
-"""Pre-launch checks of the data an experiment reads (the model's files: `qwen3exp.model_files`).
+"""Pre-launch checks of the data an experiment reads (the model's files: `qwen3exp.plan.model_files`).
 
 The path exists and holds data files the loader (`qwen3exp.titan.dataset`, which hands the files to
 `datasets`' "text" or "json" builder) reads, and the first records of each file are what that

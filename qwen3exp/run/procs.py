@@ -79,8 +79,8 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def workers_of(run_dir: Path, module: str = "qwen3exp.worker", exclude: set[int] = frozenset()) -> list[int]:
-    """Live `python -m qwen3exp.worker RUN_DIR` processes of exactly this run directory: the argument
+def workers_of(run_dir: Path, module: str = "qwen3exp.worker.main", exclude: set[int] = frozenset()) -> list[int]:
+    """Live `python -m qwen3exp.worker.main RUN_DIR` processes of exactly this run directory: the argument
     after the module, resolved against the process's own working directory, must be `run_dir`
     (a run in runs/exp10 is not a run in runs/exp1)."""
     target = Path(run_dir).resolve()

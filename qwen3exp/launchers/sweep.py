@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from qwen3exp import rundir
+from qwen3exp.run import rundir
 from qwen3exp.errors import ConfigError, Problem
 
 RESOLVER = "qwen3exp.safe_dirname"
@@ -119,7 +119,7 @@ def plan(points, sweep_dir: Path) -> list[Job]:
 def _conflict(conflicts: list, n: int, sweep_dir: Path) -> Problem:
     """One problem for every folder that holds a different experiment, with what changed (as seen
     in the first such folder)."""
-    from qwen3exp.diff import differences, show
+    from qwen3exp.analysis.diff import differences, show
 
     i, label, run_dir, data = conflicts[0]
     old = rundir.read_experiment(run_dir)
@@ -135,7 +135,7 @@ def _conflict(conflicts: list, n: int, sweep_dir: Path) -> Problem:
         "a sweep directory never mixes two configurations",
         "a new sweep directory",
         "drop hydra.sweep.dir=... (a new timestamped directory) or pass a new one; "
-        f"python -m qwen3exp.diff '{run_dir}' <new run> shows every difference")
+        f"python -m qwen3exp.analysis.diff '{run_dir}' <new run> shows every difference")
 
 
 def describe(jobs: list[Job], sweep_dir: Path) -> str:
@@ -203,8 +203,7 @@ def set_aside(run_dir: Path) -> Path:
 def finish(jobs: list[Job], sweep_dir: Path, command: list[str], *, stopped: int | None) -> int:
     """Print the one-screen summary, write the report files next to the runs; return the exit code
     (`stopped`: the exit code of the signal that stopped the sweep, 130 or 143)."""
-    from qwen3exp import report
-
+    from qwen3exp.analysis import report
     runs, status = [], {}
     for j in jobs:
         run = report.load_run(j.run_dir, experiment=j.experiment)
@@ -228,7 +227,7 @@ def finish(jobs: list[Job], sweep_dir: Path, command: list[str], *, stopped: int
     if any(r.metrics for r in runs):
         try:
             written = report.write_files(runs, sweep_dir, root=sweep_dir, status=status)
-            print(f"report: {', '.join(str(p) for p in written)}   (python -m qwen3exp.report {sweep_dir})")
+            print(f"report: {', '.join(str(p) for p in written)}   (python -m qwen3exp.analysis.report {sweep_dir})")
         except Exception as e:  # a plotting problem never changes what the sweep did
             print(f"report: not written ({type(e).__name__}: {e})")
     unfinished = [r for r in runs if status.get(r.path, r.status) not in ("completed", "skipped (done)")]

@@ -1,11 +1,11 @@
-"""Runs in every rank under torchrun: `python -m qwen3exp.worker RUN_DIR`.
+"""Runs in every rank under torchrun: `python -m qwen3exp.worker.main RUN_DIR`.
 
 Order matters: die with torchrun (a rank must never outlive its agent), read the resolved files,
 prepare the platform (before the first torchtitan import: torchtitan binds the device type at
 import), rebuild `Trainer.Config`, train. Hydra never runs here. A failure writes
 `logs/error_rank<R>.json` (rank, type, message, traceback) at once, before any cleanup, so the
 launcher reports the rank's own error instead of torchrun's wrapper text. The fault-injection test
-hooks (`qwen3exp.faults`) are read here.
+hooks (`qwen3exp.run.faults`) are read here.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ import time
 import traceback
 from pathlib import Path
 
-from qwen3exp import faults, procs, rundir
+from qwen3exp.run import faults, procs, rundir
 from qwen3exp.platforms import PlatformFacts, prepare_worker
 
 
 def load_run(run_dir: Path):
     import yaml
 
-    from qwen3exp.schema import validate_experiment
+    from qwen3exp.config.schema import validate_experiment
 
     exp = validate_experiment(yaml.safe_load((run_dir / rundir.EXPERIMENT).read_text()))
     facts = PlatformFacts(**json.loads((run_dir / rundir.PLATFORM).read_text()))
@@ -51,8 +51,8 @@ def train(run_dir: Path) -> None:
     import torch
     from torchtitan.tools.logging import init_logger
 
-    from qwen3exp.kernels import overrides
-    from qwen3exp.to_torchtitan import to_torchtitan
+    from qwen3exp.titan import overrides
+    from qwen3exp.titan.job_config import to_torchtitan
 
     init_logger()
     config = to_torchtitan(exp, facts, run_dir)

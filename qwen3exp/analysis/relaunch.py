@@ -1,4 +1,4 @@
-"""`python -m qwen3exp.relaunch RUN [overrides]`: run a recorded run again from its directory.
+"""`python -m qwen3exp.analysis.relaunch RUN [overrides]`: run a recorded run again from its directory.
 
 A run's `.hydra/config.yaml` is its complete composed config (every config group already applied),
 so `python -m qwen3exp --config-path RUN/.hydra --config-name config` recomposes the same
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from qwen3exp import rundir
+from qwen3exp.run import rundir
 from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError, Problem
 
 DATA_NOT_CODE = ("a recorded run directory is data and qwen3exp never runs code from it; if you wrote "
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     run, overrides = Path(argv[0]), argv[1:]
     config_dir = (run / rundir.HYDRA).resolve()
     if not (config_dir / "config.yaml").is_file():
-        print(f"qwen3exp.relaunch: {run} is not a run directory (no {rundir.HYDRA}/config.yaml)", file=sys.stderr)
+        print(f"qwen3exp.analysis.relaunch: {run} is not a run directory (no {rundir.HYDRA}/config.yaml)", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     problems = recorded_code_problems(config_dir / "config.yaml", run.resolve())
     if problems:
@@ -74,11 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         _report_config(recorded, new, overrides)
     _report_code(run)
     from qwen3exp import cli
-
     kept = [o for o in overrides if not o.startswith("hydra.run.dir=")]
     code = cli.main(["--config-path", str(config_dir), "--config-name", "config", *kept,
                      "hydra.job.name=qwen3exp", f"hydra.run.dir={_quote(run_dir)}"],
-                    command=[sys.executable, "-m", "qwen3exp.relaunch", *argv])
+                    command=[sys.executable, "-m", "qwen3exp.analysis.relaunch", *argv])
     if code == 0 and not exp.dry_run:
         print(compare_losses(run, Path(run_dir)))
     return code
@@ -243,8 +242,8 @@ def _join(path: str | tuple[str, ...], key: str) -> str:
 
 
 def _compose(config_dir: Path, overrides: list[str], recorded: dict | None):
-    from qwen3exp.compose import _global_experiment, compose_point
-    from qwen3exp.schema import validate_experiment
+    from qwen3exp.config.compose import _global_experiment, compose_point
+    from qwen3exp.config.schema import validate_experiment
 
     ovs = [_global_experiment(o) for o in overrides]
     if not any(o.startswith("hydra.run.dir=") for o in ovs):
@@ -256,31 +255,30 @@ def _compose(config_dir: Path, overrides: list[str], recorded: dict | None):
 
 
 def _quote(value: str) -> str:
-    from qwen3exp.sweep import quote_value
+    from qwen3exp.launchers.sweep import quote_value
 
     return quote_value(value)
 
 
 def _report_config(recorded: dict, new: dict, overrides: list[str]) -> None:
-    from qwen3exp.diff import differences, show
+    from qwen3exp.analysis.diff import differences, show
 
     changes = differences(recorded, new)
     h = rundir.experiment_hash(new)[:12]
     if not changes:
-        print(f"qwen3exp.relaunch: same resolved experiment as recorded (hash {h})")
+        print(f"qwen3exp.analysis.relaunch: same resolved experiment as recorded (hash {h})")
         return
     asked = [o for o in overrides if not o.startswith("hydra.")]
-    print(f"qwen3exp.relaunch: the resolved experiment differs from the recorded one"
+    print(f"qwen3exp.analysis.relaunch: the resolved experiment differs from the recorded one"
           + (f" (you passed {' '.join(asked)})" if asked else " (qwen3exp's schema or defaults changed since)")
           + ":\n" + "\n".join(f"  {k}: {show(a)} -> {show(b)}" for k, a, b in changes))
 
 
 def _report_code(run: Path) -> None:
-    from qwen3exp import provenance
-
+    from qwen3exp.run import provenance
     prov = rundir.read_json(run / rundir.PROVENANCE)
     if not isinstance(prov, dict):
-        print(f"qwen3exp.relaunch: warning: {run} has no {rundir.PROVENANCE}; the code version cannot be checked")
+        print(f"qwen3exp.analysis.relaunch: warning: {run} has no {rundir.PROVENANCE}; the code version cannot be checked")
         return
     notes = []
     then = prov.get("git") or {}
@@ -300,9 +298,9 @@ def _report_code(run: Path) -> None:
         if pkg != "wandb" and vers_then.get(pkg) != vers_now.get(pkg):
             notes.append(f"{pkg} {vers_then.get(pkg)} then, {vers_now.get(pkg)} now")
     if notes:
-        print("qwen3exp.relaunch: warning: the code differs from the recorded run:\n  " + "\n  ".join(notes))
+        print("qwen3exp.analysis.relaunch: warning: the code differs from the recorded run:\n  " + "\n  ".join(notes))
     else:
-        print(f"qwen3exp.relaunch: same code as recorded (commit {str(now.get('commit'))[:12]}"
+        print(f"qwen3exp.analysis.relaunch: same code as recorded (commit {str(now.get('commit'))[:12]}"
               + (", same local changes)" if now.get("dirty") else ")"))
 
 
@@ -312,13 +310,13 @@ def compare_losses(a: Path, b: Path) -> str:
     rb = {m["step"]: m["loss"] for m in rundir.read_metrics(b) if m.get("loss") is not None}
     common = sorted(set(ra) & set(rb))
     if not common:
-        return "qwen3exp.relaunch: no common logged steps to compare losses"
+        return "qwen3exp.analysis.relaunch: no common logged steps to compare losses"
     diffs = [abs(ra[s] - rb[s]) for s in common]
     worst = max(diffs)
     if worst == 0:
-        return f"qwen3exp.relaunch: losses identical to {a} at all {len(common)} common steps"
+        return f"qwen3exp.analysis.relaunch: losses identical to {a} at all {len(common)} common steps"
     step = common[diffs.index(worst)]
-    return (f"qwen3exp.relaunch: losses differ from {a}: max |diff| {worst:.3g} at step {step} "
+    return (f"qwen3exp.analysis.relaunch: losses differ from {a}: max |diff| {worst:.3g} at step {step} "
             f"({ra[step]:.6f} vs {rb[step]:.6f}) over {len(common)} common steps")
 
 

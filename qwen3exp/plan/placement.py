@@ -2,7 +2,7 @@
 rendezvous, and what starts the agents (torchrun itself, or srun starting one agent per node).
 
 Resolved from the validated launcher section and the scheduler's environment (SLURM_NODEID for a
-local launcher started by srun; the job's node list inside a SLURM job, see `qwen3exp.slurm`).
+local launcher started by srun; the job's node list inside a SLURM job, see `qwen3exp.launchers.slurm`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from qwen3exp.errors import ConfigError, Problem
-from qwen3exp.schema import Experiment, LocalLauncher, SlurmLauncher
+from qwen3exp.config.schema import Experiment, LocalLauncher, SlurmLauncher
 
 # One node and no endpoint: like torchrun --standalone (a free port on localhost) but with a fixed
 # run id, so that the per-rank log paths are predictable.
@@ -44,8 +44,7 @@ def resolve(exp: Experiment, env: Mapping[str, str]) -> Placement:
         case LocalLauncher() as la:
             return _local(exp, la, env)
         case SlurmLauncher() as la:
-            from qwen3exp import slurm
-
+            from qwen3exp.launchers import slurm
             return slurm.placement(exp, la, env)
     raise AssertionError(exp.launcher)
 
@@ -78,8 +77,7 @@ def notes(exp: Experiment, where: Placement) -> list[str]:
     """For the plan: how the agents' commands are started."""
     match exp.launcher:
         case SlurmLauncher() as la:
-            from qwen3exp import slurm
-
+            from qwen3exp.launchers import slurm
             return [f"sbatch {' '.join(slurm.sbatch_flags(la))} through hydra-submitit-launcher (a sweep: a job "
                     f"array); the job runs on its first node and then: {where.how}"]
         case LocalLauncher() if where.nnodes > 1:

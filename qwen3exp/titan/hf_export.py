@@ -15,8 +15,8 @@ import json
 import shutil
 from pathlib import Path
 
-from qwen3exp import rundir
-from qwen3exp.flavors import Arch, hf_config_from_arch
+from qwen3exp.run import rundir
+from qwen3exp.config.flavors import Arch, hf_config_from_arch
 
 # Files of a Hugging Face model folder that are not weights (copied when the source has them).
 ASSET_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",

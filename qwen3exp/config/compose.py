@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwen3exp.errors import ConfigError, MISSING, Problem, did_you_mean, nearby_path, one_of
-from qwen3exp.sweep import register_resolver
+from qwen3exp.launchers.sweep import register_resolver
 
 # conf/config.yaml names sweep job folders with ${qwen3exp.safe_dirname:...}; every process that
 # composes (this one, and a launcher plugin's job process, which imports qwen3exp.cli) needs it.
 register_resolver()
 
-CONF_DIR = (Path(__file__).parent / "conf").resolve()
+CONF_DIR = (Path(__file__).parent.parent / "conf").resolve()
 """The packaged config groups: in a wheel, qwen3exp/conf; in the source tree a link to conf/."""
 CONFIG_NAME = "config"
 GROUPS = ("model", "parallelism", "kernels", "checkpoint", "platform", "data", "launcher", "experiment")
@@ -30,7 +30,7 @@ _INFO_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--info", "-i", "--c
 _INFO_VALUE = {"--cfg": ("job", "hydra", "all"), "-c": ("job", "hydra", "all"),
                "--info": ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath"),
                "-i": ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")}
-_REFUSED = {"--experimental-rerun": "rerun a recorded run with python -m qwen3exp.relaunch RUN_DIR (it checks the "
+_REFUSED = {"--experimental-rerun": "rerun a recorded run with python -m qwen3exp.analysis.relaunch RUN_DIR (it checks the "
                                     "recorded config before running anything)"}
 
 
@@ -439,9 +439,9 @@ class Composer:
         return self._defaults[group_key]
 
     def provenance(self, composed: Composed):
-        """Where each key's value came from (see `qwen3exp.origins`); the files' part is computed
+        """Where each key's value came from (see `qwen3exp.config.origins`); the files' part is computed
         once per set of group choices."""
-        from qwen3exp.origins import Provenance, file_sources
+        from qwen3exp.config.origins import Provenance, file_sources
 
         if composed.group_key not in self._file_sources:
             self._file_sources[composed.group_key] = file_sources(self, composed.group_key)
@@ -542,7 +542,7 @@ def _apply_overrides(overrides: list, cfg) -> None:
 
 
 def _describe(key: str) -> str | None:
-    from qwen3exp.schema import describe
+    from qwen3exp.config.schema import describe
 
     return describe(key)
 

@@ -54,7 +54,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from qwen3exp.flavors import Arch
+from qwen3exp.config.flavors import Arch
 
 USABLE_FRACTION = 0.9
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

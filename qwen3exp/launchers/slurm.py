@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from qwen3exp.errors import ConfigError, Problem
-from qwen3exp.placement import STANDALONE_ENDPOINT, STANDALONE_ID, Placement
-from qwen3exp.schema import Experiment, SlurmLauncher
+from qwen3exp.plan.placement import STANDALONE_ENDPOINT, STANDALONE_ID, Placement
+from qwen3exp.config.schema import Experiment, SlurmLauncher
 
 
 def hydra_overrides() -> list[str]:

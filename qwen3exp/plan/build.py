@@ -1,12 +1,12 @@
 """The plan: what a validated experiment resolves to before anything starts.
 
 Mesh (what -1 resolved to), batches and tokens, parameter counts (total, active per token, per rank
-after sharding), the per-rank memory estimate against the platform's memory (`qwen3exp.memory`),
+after sharding), the per-rank memory estimate against the platform's memory (`qwen3exp.plan.memory`),
 the kernel overrides that will apply, the checkpoint verdict, and the exact torchrun command(s).
 `make_plan` also runs every check that needs the platform or the file system, and reports all
 problems together. Pure arithmetic on plain data: no torch, no torchtitan, no model is built.
 
-`python -m qwen3exp dry_run=true` prints the plan (`qwen3exp.report_plan`); every real run writes it
+`python -m qwen3exp dry_run=true` prints the plan (`qwen3exp.plan.render`); every real run writes it
 to `plan.json` in its run directory.
 """
 
@@ -17,11 +17,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qwen3exp import memory
+from qwen3exp.plan import memory
 from qwen3exp.errors import ConfigError, Problem, one_of
-from qwen3exp.flavors import Arch
+from qwen3exp.config.flavors import Arch
 from qwen3exp.platforms import PlatformFacts
-from qwen3exp.schema import Experiment
+from qwen3exp.config.schema import Experiment
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class Parameters:
     active_per_token: int
     """Equals total for dense models; for MoE, the parameters one token passes through (top_k experts)."""
     per_rank: int
-    """Held by the rank with the largest shard, after tp / ep / FSDP sharding (`qwen3exp.memory`)."""
+    """Held by the rank with the largest shard, after tp / ep / FSDP sharding (`qwen3exp.plan.memory`)."""
     is_moe: bool
 
 
@@ -203,12 +203,12 @@ def mesh_dict(mesh: Mesh) -> dict:
 # must stay cheap (no torchtitan import): the dry run calls them for every sweep point.
 def kernel_claims(exp: Experiment, facts, mesh, batches, files) -> list[dict]:
     """Every torchtitan override this experiment will apply, with the model nodes it replaces
-    (`qwen3exp.kernels.overrides.check`: matches computed on the config tree, no model built; the
+    (`qwen3exp.titan.overrides.check`: matches computed on the config tree, no model built; the
     default kernels override nothing and import nothing). Raises ConfigError for kernels that do not
     fit (no match, two overrides on one node, nki_moe on a dense model, a seq_len the kernel cannot
     tile on Neuron, ...)."""
-    from qwen3exp.kernels import overrides
-    from qwen3exp.launch import Prepared, build_torchtitan_config
+    from qwen3exp.titan import overrides
+    from qwen3exp.launchers.local import Prepared, build_torchtitan_config
 
     prep = Prepared(exp, facts, mesh, batches, files)
     return overrides.check(exp, facts, lambda: build_torchtitan_config(prep, Path("/nonexistent/pre-launch")))
@@ -217,8 +217,7 @@ def kernel_claims(exp: Experiment, facts, mesh, batches, files) -> list[dict]:
 def checkpoint_verdict(exp: Experiment, files, run_dir: Path) -> CheckpointVerdict:
     """What is loaded and saved, and whether what is loaded fits the model (compatible=False is an
     error). `files`: the checked `model_files.ModelFiles` (weights headers and shapes already match)."""
-    from qwen3exp import rundir
-
+    from qwen3exp.run import rundir
     c = exp.checkpoint
     match c.kind:
         case "none":
@@ -257,7 +256,7 @@ def section_problems(sections: dict[str, Any], replaced: set[str] = frozenset())
 def _section_problems(sections: dict[str, Any]) -> list[Problem]:
     from types import SimpleNamespace
 
-    from qwen3exp import data_files, model_files, tracking
+    from qwen3exp.plan import data_files, model_files, tracking
     from qwen3exp.platforms import resolve
 
     problems: list[Problem] = []
@@ -286,9 +285,9 @@ def make_plan(exp: Experiment, run_dir: str | Path, *, overrides: list[str] | tu
               provenance=None, job_num: int | None = None) -> Plan:
     """Resolve and check everything; raise ConfigError naming every problem. A plan that does not fit
     in memory is a problem, unless `exp.dry_run` (then it is a loud warning in `Plan.warnings`)."""
-    from qwen3exp import data_files, model_files, placement, tracking
-    from qwen3exp.launch import Prepared, torchrun_commands
-    from qwen3exp.provenance import redact_argv
+    from qwen3exp.plan import data_files, model_files, placement, tracking
+    from qwen3exp.launchers.local import Prepared, torchrun_commands
+    from qwen3exp.run.provenance import redact_argv
     from qwen3exp.platforms import experiment_problems, host_problems, resolve
 
     problems: list[Problem] = []

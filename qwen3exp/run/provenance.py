@@ -27,10 +27,10 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from qwen3exp import rundir
+from qwen3exp.run import rundir
 from qwen3exp.platforms.cpu import cpu_name as _cpu_name
 
-SOURCE_ROOT = Path(__file__).resolve().parent.parent
+SOURCE_ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("torch", "torchtitan", "transformers", "torch-neuronx", "neuronx-cc", "torch-xla",
             "hydra-core", "omegaconf", "pydantic", "datasets", "tokenizers", "safetensors", "numpy",
             "wandb", "qwen3exp")
@@ -230,7 +230,7 @@ def experiments_state(config_sources: list[str]) -> dict:
     """The git state of the repository that holds the experiment files: the first config folder on
     the search path that is not qwen3exp's own (--config-dir, hydra.searchpath, --config-path), or
     qwen3exp's packaged conf/ when there is none. Its diff is not copied (see `git_state`)."""
-    from qwen3exp.compose import CONF_DIR
+    from qwen3exp.config.compose import CONF_DIR
 
     folders = []
     for entry in config_sources:

@@ -1,4 +1,4 @@
-"""`python -m qwen3exp.agent <torchrun arguments>`: torchrun's agent, plus a record of how ranks died.
+"""`python -m qwen3exp.run.agent <torchrun arguments>`: torchrun's agent, plus a record of how ranks died.
 
 The launcher starts this instead of `python -m torch.distributed.run`; it runs torchrun's public
 `main(args)` unchanged. When the agent gives up on its ranks (`ChildFailedError`), every failure it
@@ -10,7 +10,7 @@ segfault) writes nothing itself; without the agent's record the summary could on
 that failed after it ("Connection reset by peer").
 
 `root_cause(log_dir)` reads these records and the ranks' own error files (`error_rank<R>.json`,
-written by `qwen3exp.worker`) and names the rank that failed first for a reason of its own.
+written by `qwen3exp.worker.main`) and names the rank that failed first for a reason of its own.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from qwen3exp import rundir
-
+from qwen3exp.run import rundir
 FAILURES_GLOB = "agent_failures_node*.json"
 ERRORS_GLOB = "error_rank*.json"
 
@@ -112,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 write_failures(path, e, node=node, started=started, stopped=closing.pids)
             except OSError as write_error:  # the record is a diagnosis: never hide torchrun's own error
-                print(f"qwen3exp.agent: could not write {path}: {write_error}", file=sys.stderr)
+                print(f"qwen3exp.run.agent: could not write {path}: {write_error}", file=sys.stderr)
         raise
 
 

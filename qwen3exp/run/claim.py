@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qwen3exp import rundir
+from qwen3exp.run import rundir
 from qwen3exp.errors import ConfigError, Problem
 
 LOCK = ".qwen3exp.lock"
@@ -279,7 +279,7 @@ _BASE_BYTES = 32 << 20
 
 def estimate_bytes(exp, total_params: int) -> int:
     """What a run writes into its directory, from the plan's parameter count."""
-    from qwen3exp.schema import DcpCheckpoint, HFExport, HFRoundtrip
+    from qwen3exp.config.schema import DcpCheckpoint, HFExport, HFRoundtrip
 
     need = _BASE_BYTES
     match exp.checkpoint:

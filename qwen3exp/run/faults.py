@@ -1,6 +1,6 @@
 """Fault injection for tests (a documented test hook, off unless its environment variable is set).
 
-Read by every rank (`qwen3exp.worker`) and applied inside torchtitan's training loop, so the
+Read by every rank (`qwen3exp.worker.main`) and applied inside torchtitan's training loop, so the
 launcher, torchrun and the other ranks meet a real failure at a real point of training:
 
   QWEN3EXP_FAULT_RAISE_AT_STEP=N  raise RuntimeError at the start of step N

@@ -1,4 +1,4 @@
-"""`python -m qwen3exp.report PATH`: what a run, a sweep or a folder of runs did.
+"""`python -m qwen3exp.analysis.report PATH`: what a run, a sweep or a folder of runs did.
 
 One row per run: the keys that differ between the runs' resolved experiments (the "varied keys"),
 then status, steps, final loss, tokens/s, peak memory and wall time. Printed as a terminal table
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qwen3exp import rundir
-from qwen3exp.diff import show
+from qwen3exp.run import rundir
+from qwen3exp.analysis.diff import show
 from qwen3exp.errors import EXIT_CONFIG_ERROR
 
 REPORT_MD, REPORT_CSV, LOSS_PNG = "report.md", "report.csv", "loss.png"
@@ -156,7 +156,7 @@ def render_terminal(t: Table, *, max_rows: int | None = None, max_cell: int = 48
 
     out = [line(header), line(["-" * w for w in widths]), *(line(r) for r in cells)]
     if more:
-        out.append(f"... {more} more run(s): python -m qwen3exp.report <dir> --format markdown")
+        out.append(f"... {more} more run(s): python -m qwen3exp.analysis.report <dir> --format markdown")
     return "\n".join(out)
 
 
@@ -227,7 +227,7 @@ def write_files(runs: list[Run], out_dir: Path, *, root: Path | None = None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m qwen3exp.report", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m qwen3exp.analysis.report", description=__doc__.split("\n\n")[0])
     ap.add_argument("path", type=Path, help="a run directory, a sweep directory or a folder of runs")
     ap.add_argument("--format", choices=("terminal", "markdown", "csv"), default="terminal",
                     help="what is printed on stdout (default: terminal)")
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     paths = rundir.find_runs(args.path) if args.path.is_dir() else []
     if not paths:
-        print(f"qwen3exp.report: no run under {args.path} (a run directory holds {rundir.EXPERIMENT} "
+        print(f"qwen3exp.analysis.report: no run under {args.path} (a run directory holds {rundir.EXPERIMENT} "
               f"or {rundir.SUMMARY})", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     runs = [load_run(p) for p in paths]

@@ -22,9 +22,9 @@ from typing import BinaryIO
 
 from qwen3exp.assets import TOKENIZER_DIR
 from qwen3exp.errors import ConfigError, Problem, nearby_path
-from qwen3exp.flavors import (FLAVORS, HF_ARCHITECTURES, HF_KEYS, Arch, HFConfigError, arch_differences,
+from qwen3exp.config.flavors import (FLAVORS, HF_ARCHITECTURES, HF_KEYS, Arch, HFConfigError, arch_differences,
                               arch_from_hf_config, hf_param_shapes, read_hf_config)
-from qwen3exp.schema import Experiment, arch_problems
+from qwen3exp.config.schema import Experiment, arch_problems
 
 CONFIG_JSON = "config.json"
 INDEX_JSON = "model.safetensors.index.json"

@@ -17,7 +17,7 @@ torchtitan logs while building the model (`overrides_applied.json`), so the coun
 
 `fqns` given in the experiment replace the factory's own selection. torchtitan takes the selection
 from the `@override` decorator, so such an activation is registered once more under an alias in
-this module (`qwen3exp.kernels.overrides.<function>__<hash>`), with the same factory and target.
+this module (`qwen3exp.titan.overrides.<function>__<hash>`), with the same factory and target.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import Any
 
 from qwen3exp.errors import ConfigError, Problem, did_you_mean, one_of
 
-NKI_ROPE = "qwen3exp.kernels.nki_rope.nki_rope"
-NKI_MOE = "qwen3exp.kernels.nki_moe.nki_moe"
+NKI_ROPE = "qwen3exp.titan.nki_rope.nki_rope"
+NKI_MOE = "qwen3exp.titan.nki_moe.nki_moe"
 
 
 @dataclass(frozen=True)
@@ -292,16 +292,14 @@ def record_applied(run_dir: Path, *, write: bool):
     finally:
         root.removeHandler(handler)
         if write:
-            from qwen3exp import rundir
-
+            from qwen3exp.run import rundir
             rundir.atomic_write_json(run_dir / rundir.OVERRIDES_APPLIED, lines)
 
 
 def merge_applied(claimed: list[dict], run_dir: Path) -> list[dict]:
     """summary.json's `overrides`: each claim with `nodes` (count), `node_fqns`, and `applied` (the
     count torchtitan logged at run time; null when the run did not get that far)."""
-    from qwen3exp import rundir
-
+    from qwen3exp.run import rundir
     applied = rundir.read_json(run_dir / rundir.OVERRIDES_APPLIED)
     out = []
     for c in claimed:

@@ -11,7 +11,7 @@ supervises it:
 - A rank that raises: torchrun stops the others at once; the summary carries that rank's own error
   (`logs/error_rank<R>.json`, written by the worker), not torchrun's wrapper text.
 - No orphans: the launcher is a child subreaper, torchrun dies with the launcher (even a SIGKILLed
-  one) and every rank dies with torchrun (`qwen3exp.procs`); whatever is left is killed at the end.
+  one) and every rank dies with torchrun (`qwen3exp.run.procs`); whatever is left is killed at the end.
 - `summary.json` (node 0; with the experiment's content hash) is written atomically; after a
   SIGKILLed launcher there is none, and a relaunch in the same directory resumes from the latest
   complete checkpoint when checkpointing is on.
@@ -29,14 +29,16 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from qwen3exp import model_files, placement as placement_, procs, provenance, rundir, tracking
+from qwen3exp.plan import model_files, placement as placement_, tracking
+
+from qwen3exp.run import procs, provenance, rundir
 from qwen3exp.errors import ConfigError, Problem
-from qwen3exp.kernels.overrides import merge_applied
-from qwen3exp.placement import Placement
+from qwen3exp.titan.overrides import merge_applied
+from qwen3exp.plan.placement import Placement
 from qwen3exp.platforms import PlatformFacts, experiment_problems, resolve
-from qwen3exp.plan import Batches, Mesh, resolve_batches, resolve_mesh
-from qwen3exp.model_files import ModelFiles
-from qwen3exp.schema import Experiment, LocalLauncher
+from qwen3exp.plan.build import Batches, Mesh, resolve_batches, resolve_mesh
+from qwen3exp.plan.model_files import ModelFiles
+from qwen3exp.config.schema import Experiment, LocalLauncher
 
 EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
@@ -59,7 +61,7 @@ def prepare(exp: Experiment, env: Mapping[str, str] | None = None) -> Prepared:
     ConfigError on any mismatch (cheap: no torchtitan, only JSON and safetensors headers are read,
     unless the experiment activates kernel overrides: their matches are computed on the config
     tree). `env`: the scheduler's environment (default: this process's)."""
-    from qwen3exp.kernels import overrides
+    from qwen3exp.titan import overrides
 
     files = model_files.check(exp)
     facts = resolve(exp.platform, nproc_per_node=exp.launcher.nproc_per_node, dry_run=exp.dry_run)
@@ -75,7 +77,7 @@ def prepare(exp: Experiment, env: Mapping[str, str] | None = None) -> Prepared:
 
 def build_torchtitan_config(prep: Prepared, run_dir: Path):
     """Build Trainer.Config once in the launcher: torchtitan's own checks fail here, not in 64 ranks."""
-    from qwen3exp.to_torchtitan import to_torchtitan
+    from qwen3exp.titan.job_config import to_torchtitan
 
     try:
         return to_torchtitan(prep.exp, prep.facts, run_dir)
@@ -94,9 +96,9 @@ def torchrun_commands(prep: Prepared, run_dir: Path) -> list[list[str]]:
 def torchrun_argv(prep: Prepared, run_dir: Path, *, node_rank: int | None = None) -> list[str]:
     """The command that starts this node's torchrun agent (with srun: every node's agent)."""
     la, mesh, where = prep.exp.launcher, prep.mesh, prep.placement
-    # qwen3exp.agent is torchrun's own main plus a record of how each failed rank died (a rank
+    # qwen3exp.run.agent is torchrun's own main plus a record of how each failed rank died (a rank
     # killed by a signal writes nothing itself): see first_rank_error.
-    argv = [*where.agent_prefix, sys.executable, "-m", "qwen3exp.agent",
+    argv = [*where.agent_prefix, sys.executable, "-m", "qwen3exp.run.agent",
             "--nnodes", str(mesh.nnodes), "--nproc-per-node", str(mesh.nproc_per_node),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", where.rdzv_endpoint, "--rdzv-id", where.rdzv_id]
     if mesh.nnodes > 1 and not where.agent_prefix:
@@ -105,7 +107,7 @@ def torchrun_argv(prep: Prepared, run_dir: Path, *, node_rank: int | None = None
         argv += ["--node-rank", str(where.node_rank if node_rank is None else node_rank)]
     argv += ["--max-restarts", str(la.max_restarts),
              "--log-dir", str(run_dir / rundir.LOGS), "--tee", "3", "--local-ranks-filter", "0",
-             "-m", "qwen3exp.worker", str(run_dir)]
+             "-m", "qwen3exp.worker.main", str(run_dir)]
     return argv
 
 
@@ -153,7 +155,7 @@ def node_file(name: str, where: Placement) -> str:
 
 
 def write_run_files(prep: Prepared, run_dir: Path, trainer_config, argv: list[str], plan=None) -> None:
-    from qwen3exp.plan import make_plan
+    from qwen3exp.plan.build import make_plan
 
     plan = plan if plan is not None else make_plan(prep.exp, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -167,10 +169,9 @@ def write_run_files(prep: Prepared, run_dir: Path, trainer_config, argv: list[st
 
 def first_rank_error(run_dir: Path) -> str | None:
     """The root cause of a failed run, from the ranks' error files and the agents' records of how
-    ranks died (`qwen3exp.agent.root_cause`): a rank killed by a signal, or gone without an error
+    ranks died (`qwen3exp.run.agent.root_cause`): a rank killed by a signal, or gone without an error
     report, comes before the communication errors it caused in the other ranks."""
-    from qwen3exp import agent
-
+    from qwen3exp.run import agent
     return agent.root_cause(run_dir / rundir.LOGS)
 
 
@@ -208,8 +209,7 @@ def summarize(prep: Prepared, run_dir: Path, *, exit_code: int, status: str, wal
 
 def finish_export(prep: Prepared, run_dir: Path) -> dict:
     """Complete torchtitan's HF export into a from_pretrained folder and verify it."""
-    from qwen3exp import hf_export
-
+    from qwen3exp.titan import hf_export
     exp, files = prep.exp, prep.files
     folder = hf_export.export_folder(run_dir, exp.training.steps)
     if not folder.is_dir():
