@@ -21,6 +21,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from qwen3exp.config.names import stamp
 from qwen3exp.run import rundir
 from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError
 
@@ -35,13 +36,10 @@ def _argv(overrides: Sequence[str], config_dir: str | Path | None) -> list[str]:
 
 def compose(overrides: Sequence[str] = (), *, config_dir: str | Path | None = None):
     """The validated Experiment of these overrides (no files read beyond the config files)."""
-    from qwen3exp.config.compose import Composer, parse_argv
-    from qwen3exp.config.schema import validate_experiment
+    from qwen3exp.config.compose import compose_experiment, parse_argv
 
     inv = parse_argv(_argv(overrides, config_dir))
-    with Composer(inv.config_dir, inv.config_name, inv.search_dirs) as composer:
-        composed = composer.compose(inv.overrides)
-    return validate_experiment(composed.data)
+    return compose_experiment(inv.overrides, config_dir=inv.config_dir, config_name=inv.config_name)
 
 
 def plan(exp, run_dir: str | Path | None = None):
@@ -49,7 +47,7 @@ def plan(exp, run_dir: str | Path | None = None):
     placement); the Plan a dry run prints. Raises ConfigError naming every problem."""
     from qwen3exp.plan.build import make_plan
 
-    where = run_dir if run_dir is not None else f"outputs/{exp.name}/{rundir.stamp()}"
+    where = run_dir if run_dir is not None else f"outputs/{exp.name}/{stamp()}"
     return make_plan(exp, where)
 
 
@@ -60,8 +58,8 @@ def run(overrides: Sequence[str] = (), *, config_dir: str | Path | None = None, 
     summary can be read back); `quiet`: keep the child's output out of the notebook (it is in the
     run directory's logs) unless the run is refused."""
     if run_dir is None:
-        run_dir = Path("outputs") / compose(overrides, config_dir=config_dir).name / rundir.stamp()
-    from qwen3exp.launchers.sweep import quote_value
+        run_dir = Path("outputs") / compose(overrides, config_dir=config_dir).name / stamp()
+    from qwen3exp.config.compose import quote_value
 
     argv = [*_argv(overrides, config_dir), f"hydra.run.dir={quote_value(str(run_dir))}"]
     proc = subprocess.run([sys.executable, "-m", "qwen3exp", *argv], env={**os.environ, **(env or {})},

@@ -16,7 +16,10 @@ CONF = REPO / "conf"
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600,
             module: str = "qwen3exp") -> subprocess.CompletedProcess:
-    """`python -m qwen3exp ARGS` in a subprocess (the way a user runs it)."""
+    """`python -m qwen3exp ARGS` in a subprocess (the way a user runs it). `module`
+    qwen3exp.analysis.report / diff / relaunch: the command `qwen3exp report|diff|relaunch ARGS`."""
+    if module.startswith("qwen3exp.analysis."):
+        args, module = (module.rsplit(".", 1)[1], *args), "qwen3exp"
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.setdefault("HF_HUB_OFFLINE", "1")
@@ -36,9 +39,13 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 def compose(*overrides: str) -> dict:
     """Compose conf/ with overrides (as the command line would), returning the plain experiment."""
-    from qwen3exp.config.compose import _global_experiment, compose_point
+    from qwen3exp.config.compose import Composer, ConfigError, experiment_data
 
-    return compose_point([_global_experiment(o) for o in overrides]).data
+    with Composer() as c:
+        data, problems = experiment_data(c.compose(list(overrides)))
+    if problems:
+        raise ConfigError(problems)
+    return data
 
 
 def all_conf_files() -> list[tuple[str, str]]:

@@ -27,10 +27,14 @@ FORMS = [
     ("info", ("--info", "searchpath"), 0, "Config search path"),
     ("help", ("--help",), 0, "qwen3exp"),
     ("package_without_cfg", ("-p", "training", "dry_run=true"), 2, "together with --cfg"),
-    ("experimental_rerun", ("--experimental-rerun", "x.pickle"), 2, "qwen3exp.analysis.relaunch"),
+    ("experimental_rerun", ("--experimental-rerun", "x.pickle"), 2, "qwen3exp relaunch"),
     ("unknown_flag", ("--fast", "dry_run=true"), 2, "unknown flag"),
     ("config_dir_missing", ("--config-dir", "{tmp}/nope", "dry_run=true"), 2, "folder does not exist"),
     ("cd_typo_in_user_option", ("-cd", "{conf}", "model=one_layr", "dry_run=true"), 2, "did you mean one_layer?"),
+    ("mode_multirun", ("hydra.mode=MULTIRUN", "training.lr=1e-3,2e-3", "dry_run=true"), 0, "=== sweep point 2/2"),
+    ("sweep_without_m", ("training.lr=1e-3,2e-3", "dry_run=true"), 2, "add -m (--multirun)"),
+    ("other_hydra_launcher", ("hydra/launcher=basic", "dry_run=true"), 2, "through its own Hydra launcher"),
+    ("shadowed_user_file", ("-cd", "{shadow}", "dry_run=true"), 2, "would be ignored"),
 ]
 
 
@@ -42,12 +46,16 @@ def outcomes(tmp_path_factory):
     (conf / "model").mkdir()
     (conf / "experiment" / "user_exp.yaml").write_text(EXP)
     (conf / "model" / "one_layer.yaml").write_text(MODEL)
+    shadow = tmp / "shadow"  # a user file named like a packaged option: Hydra would ignore it
+    (shadow / "model").mkdir(parents=True)
+    (shadow / "model" / "native.yaml").write_text(MODEL)
 
     def one(form):
         name, args, _code, _text = form
         cwd = tmp / f"cwd_{name}"
         cwd.mkdir()
-        args = [a.replace("{conf}", str(conf)).replace("{tmp}", str(tmp)) for a in args]
+        args = [a.replace("{conf}", str(conf)).replace("{tmp}", str(tmp)).replace("{shadow}", str(shadow))
+                for a in args]
         return name, (run_cli(*args, cwd=cwd, timeout=180), cwd)
 
     with ThreadPoolExecutor(max_workers=4) as pool:

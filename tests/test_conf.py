@@ -69,5 +69,6 @@ def test_every_group_has_a_file():
 def test_experiment_files_start_with_their_command(option):
     from conftest import CONF
 
-    first = (CONF / "experiment" / f"{option}.yaml").read_text().splitlines()[0]
+    header, first = (CONF / "experiment" / f"{option}.yaml").read_text().splitlines()[:2]
+    assert header == "# @package _global_", header  # so that experiment=NAME is plain Hydra
     assert first.startswith("# python -m qwen3exp") and f"experiment={option}" in first, first

@@ -26,7 +26,10 @@ TRN2 = sorted(p.stem for p in EXPERIMENTS.glob("trn2_*.yaml"))
 
 
 def header(name: str) -> list[str]:
-    return (EXPERIMENTS / f"{name}.yaml").read_text().splitlines()[:3]
+    """The comment lines after `# @package _global_`: the command, why, the CPU twin."""
+    lines = (EXPERIMENTS / f"{name}.yaml").read_text().splitlines()
+    assert lines[0] == "# @package _global_", f"{name}.yaml must start with '# @package _global_'"
+    return lines[1:4]
 
 
 def twin_of(name: str) -> str:

@@ -1,4 +1,4 @@
-"""`python -m qwen3exp.analysis.relaunch RUN [overrides]`: run a recorded run again from its directory.
+"""`qwen3exp relaunch RUN [overrides]`: run a recorded run again from its directory.
 
 A run's `.hydra/config.yaml` is its complete composed config (every config group already applied),
 so `python -m qwen3exp --config-path RUN/.hydra --config-name config` recomposes the same
@@ -35,6 +35,7 @@ DATA_NOT_CODE = ("a recorded run directory is data and qwen3exp never runs code 
                  "this yourself, put it in an experiment file and run python -m qwen3exp")
 ALLOWED_TARGETS = {
     "hydra.launcher": ("hydra._internal.core_plugins.basic_launcher.BasicLauncher",
+                       "hydra_plugins.qwen3exp_launcher.launcher.Qwen3expLauncher",
                        "hydra_plugins.hydra_submitit_launcher.submitit_launcher.*Launcher"),
     "hydra.sweeper": ("hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
                       "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"),
@@ -49,15 +50,15 @@ LOG_FILENAMES = ("${hydra.runtime.output_dir}/${hydra.job.name}.log",
 """Hydra's default job log file; any other path lets a recorded file append to, e.g., ~/.bashrc."""
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def main(argv: list[str], run_command) -> int:
+    """`run_command(argv, command=...)`: the command line's main (the relaunch runs through it)."""
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv else EXIT_CONFIG_ERROR
     run, overrides = Path(argv[0]), argv[1:]
     config_dir = (run / rundir.HYDRA).resolve()
     if not (config_dir / "config.yaml").is_file():
-        print(f"qwen3exp.analysis.relaunch: {run} is not a run directory (no {rundir.HYDRA}/config.yaml)", file=sys.stderr)
+        print(f"qwen3exp relaunch: {run} is not a run directory (no {rundir.HYDRA}/config.yaml)", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     problems = recorded_code_problems(config_dir / "config.yaml", run.resolve())
     if problems:
@@ -73,11 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     if recorded is not None:
         _report_config(recorded, new, overrides)
     _report_code(run)
-    from qwen3exp import cli
     kept = [o for o in overrides if not o.startswith("hydra.run.dir=")]
-    code = cli.main(["--config-path", str(config_dir), "--config-name", "config", *kept,
-                     "hydra.job.name=qwen3exp", f"hydra.run.dir={_quote(run_dir)}"],
-                    command=[sys.executable, "-m", "qwen3exp.analysis.relaunch", *argv])
+    code = run_command(["--config-path", str(config_dir), "--config-name", "config", *kept, *RECOMPOSE,
+                        f"hydra.run.dir={_quote(run_dir)}"],
+                       command=[sys.executable, "-m", "qwen3exp", "relaunch", *argv])
     if code == 0 and not exp.dry_run:
         print(compare_losses(run, Path(run_dir)))
     return code
@@ -241,21 +241,32 @@ def _join(path: str | tuple[str, ...], key: str) -> str:
     return out
 
 
+RECOMPOSE = ("hydra/launcher=qwen3exp", "hydra.job.name=qwen3exp")
+"""A recorded config.yaml holds the experiment, not Hydra's settings: qwen3exp's launcher and job name."""
+
+
 def _compose(config_dir: Path, overrides: list[str], recorded: dict | None):
-    from qwen3exp.config.compose import _global_experiment, compose_point
+    from omegaconf import OmegaConf
+
+    from qwen3exp.config.compose import Composer, experiment_data
+    from qwen3exp.config.names import stamp
     from qwen3exp.config.schema import validate_experiment
 
-    ovs = [_global_experiment(o) for o in overrides]
+    ovs = [*overrides, *RECOMPOSE]
     if not any(o.startswith("hydra.run.dir=") for o in ovs):
         name = (recorded or {}).get("name", "relaunch")
-        stamp = rundir.stamp()
-        ovs.append(f"hydra.run.dir={_quote(f'outputs/{name}/{stamp}-relaunch')}")
-    composed = compose_point(ovs, config_dir=config_dir, config_name="config")
-    return validate_experiment(composed.data), composed.run_dir
+        ovs.append(f"hydra.run.dir={_quote(f'outputs/{name}/{stamp()}-relaunch')}")
+    with Composer(config_dir, "config") as c:
+        cfg = c.compose(ovs)
+        data, problems = experiment_data(cfg)
+        run_dir = str(OmegaConf.select(cfg, "hydra.run.dir"))
+    if problems:
+        raise ConfigError(problems)
+    return validate_experiment(data), run_dir
 
 
 def _quote(value: str) -> str:
-    from qwen3exp.launchers.sweep import quote_value
+    from qwen3exp.config.compose import quote_value
 
     return quote_value(value)
 
@@ -266,10 +277,10 @@ def _report_config(recorded: dict, new: dict, overrides: list[str]) -> None:
     changes = differences(recorded, new)
     h = rundir.experiment_hash(new)[:12]
     if not changes:
-        print(f"qwen3exp.analysis.relaunch: same resolved experiment as recorded (hash {h})")
+        print(f"qwen3exp relaunch: same resolved experiment as recorded (hash {h})")
         return
     asked = [o for o in overrides if not o.startswith("hydra.")]
-    print(f"qwen3exp.analysis.relaunch: the resolved experiment differs from the recorded one"
+    print(f"qwen3exp relaunch: the resolved experiment differs from the recorded one"
           + (f" (you passed {' '.join(asked)})" if asked else " (qwen3exp's schema or defaults changed since)")
           + ":\n" + "\n".join(f"  {k}: {show(a)} -> {show(b)}" for k, a, b in changes))
 
@@ -278,7 +289,7 @@ def _report_code(run: Path) -> None:
     from qwen3exp.run import provenance
     prov = rundir.read_json(run / rundir.PROVENANCE)
     if not isinstance(prov, dict):
-        print(f"qwen3exp.analysis.relaunch: warning: {run} has no {rundir.PROVENANCE}; the code version cannot be checked")
+        print(f"qwen3exp relaunch: warning: {run} has no {rundir.PROVENANCE}; the code version cannot be checked")
         return
     notes = []
     then = prov.get("git") or {}
@@ -298,9 +309,9 @@ def _report_code(run: Path) -> None:
         if pkg != "wandb" and vers_then.get(pkg) != vers_now.get(pkg):
             notes.append(f"{pkg} {vers_then.get(pkg)} then, {vers_now.get(pkg)} now")
     if notes:
-        print("qwen3exp.analysis.relaunch: warning: the code differs from the recorded run:\n  " + "\n  ".join(notes))
+        print("qwen3exp relaunch: warning: the code differs from the recorded run:\n  " + "\n  ".join(notes))
     else:
-        print(f"qwen3exp.analysis.relaunch: same code as recorded (commit {str(now.get('commit'))[:12]}"
+        print(f"qwen3exp relaunch: same code as recorded (commit {str(now.get('commit'))[:12]}"
               + (", same local changes)" if now.get("dirty") else ")"))
 
 
@@ -310,15 +321,12 @@ def compare_losses(a: Path, b: Path) -> str:
     rb = {m["step"]: m["loss"] for m in rundir.read_metrics(b) if m.get("loss") is not None}
     common = sorted(set(ra) & set(rb))
     if not common:
-        return "qwen3exp.analysis.relaunch: no common logged steps to compare losses"
+        return "qwen3exp relaunch: no common logged steps to compare losses"
     diffs = [abs(ra[s] - rb[s]) for s in common]
     worst = max(diffs)
     if worst == 0:
-        return f"qwen3exp.analysis.relaunch: losses identical to {a} at all {len(common)} common steps"
+        return f"qwen3exp relaunch: losses identical to {a} at all {len(common)} common steps"
     step = common[diffs.index(worst)]
-    return (f"qwen3exp.analysis.relaunch: losses differ from {a}: max |diff| {worst:.3g} at step {step} "
+    return (f"qwen3exp relaunch: losses differ from {a}: max |diff| {worst:.3g} at step {step} "
             f"({ra[step]:.6f} vs {rb[step]:.6f}) over {len(common)} common steps")
 
-
-if __name__ == "__main__":
-    sys.exit(main())

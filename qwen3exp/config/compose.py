@@ -1,26 +1,34 @@
-"""Hydra composition outside of `@hydra.main`: parse the command line, expand sweeps, compose each
-point, and turn mistakes into `Problem`s that name the key, the value and what is allowed.
+"""From the command line to Hydra's composed config, through Hydra's public API only.
 
-The launcher validates every point of a run or sweep with these functions before Hydra starts any
-job; Hydra itself (run or multirun) then composes the same overrides again for the real jobs.
+- `parse_argv`: Hydra's flags as qwen3exp runs them. A flag that would make Hydra run something no
+  check has seen is refused (exit 2); `--config-dir DIR` becomes Hydra's own `hydra.searchpath`.
+- `Composer`: Hydra's compose API (`initialize_config_dir` + `compose`), every mistake turned into a
+  `Problem` that names the key, the value and what is allowed.
+- `precheck`: before Hydra runs, the config of a run (for a sweep: the common part, and once per
+  option of a swept config group) is composed here, so that a typo is exit 2 with a clear message
+  instead of Hydra's traceback. It also yields the run or sweep directory to claim.
+- `experiment_data`: the experiment part of a composed config as plain data (`???` values as
+  Problems).
+
+Hydra composes the jobs themselves (its sweeper hands them to qwen3exp's launcher, which checks each
+batch before any job of it starts: `qwen3exp.launchers.batch`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from qwen3exp.errors import ConfigError, MISSING, Problem, did_you_mean, nearby_path, one_of
-from qwen3exp.launchers.sweep import register_resolver
-
-# conf/config.yaml names sweep job folders with ${qwen3exp.safe_dirname:...}; every process that
-# composes (this one, and a launcher plugin's job process, which imports qwen3exp.cli) needs it.
-register_resolver()
+from qwen3exp.config.names import register_resolvers
+from qwen3exp.errors import MISSING, ConfigError, Problem, did_you_mean, nearby_path, one_of
 
 CONF_DIR = (Path(__file__).parent.parent / "conf").resolve()
 """The packaged config groups: in a wheel, qwen3exp/conf; in the source tree a link to conf/."""
 CONFIG_NAME = "config"
 GROUPS = ("model", "parallelism", "kernels", "checkpoint", "platform", "data", "launcher", "experiment")
+LAUNCHER_TARGET = "hydra_plugins.qwen3exp_launcher.launcher.Qwen3expLauncher"
+"""qwen3exp's Hydra launcher (conf: hydra/launcher=qwen3exp): it checks every batch of jobs."""
 
 # Hydra's flags, by what qwen3exp does with them. Everything else that starts with '-' is refused
 # (exit 2): a flag passed through to Hydra unchecked could start a run that no check has seen.
@@ -30,7 +38,7 @@ _INFO_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--info", "-i", "--c
 _INFO_VALUE = {"--cfg": ("job", "hydra", "all"), "-c": ("job", "hydra", "all"),
                "--info": ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath"),
                "-i": ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")}
-_REFUSED = {"--experimental-rerun": "rerun a recorded run with python -m qwen3exp.analysis.relaunch RUN_DIR (it checks the "
+_REFUSED = {"--experimental-rerun": "rerun a recorded run with qwen3exp relaunch RUN_DIR (it checks the "
                                     "recorded config before running anything)"}
 
 
@@ -47,17 +55,14 @@ class Invocation:
     output_dir: str | None = None
     """The run directory (multirun: the sweep directory) as composed by the preflight; Hydra is
     then pinned to it, so `${qwen3exp.stamp:}` in the default names resolves once for every point."""
-    search_dirs: list[Path] = field(default_factory=list)
-    """Config directories added with --config-dir / -cd / hydra.searchpath=[file://...] (their
-    group options count as options for the checks)."""
 
     @property
     def user_overrides(self) -> list[str]:
         return [o for o in self.overrides if not o.lstrip("+~").startswith("hydra.")]
 
-    def hydra_argv(self, extra: list[str]) -> list[str]:
+    def hydra_argv(self, extra: list[str], *, multirun: bool) -> list[str]:
         argv = ["--config-path", str(self.config_dir), "--config-name", self.config_name]
-        if self.multirun:
+        if multirun:
             argv.append("--multirun")
         return [*argv, *self.info_flags, *self.overrides, *extra]
 
@@ -117,24 +122,24 @@ def parse_argv(argv: list[str]) -> Invocation:
         elif arg.startswith("-"):
             problems.append(Problem("(command line)", arg, "unknown flag", _FLAG_ALLOWED))
         else:
-            inv.overrides.append(_global_experiment(arg))
+            inv.overrides.append(arg)
         i += 1
     if inv.info_flags and any(f in ("--package", "-p") for f in inv.info_flags) and \
             not any(f.split("=")[0] in ("--cfg", "-c") for f in inv.info_flags):
         problems.append(Problem("(command line)", "--package", "only prints a config package together with --cfg",
                                 "--cfg job|hydra|all --package PKG"))
+    dirs = []
     for d in config_dirs:
         path = Path(d).expanduser().resolve()
         if not path.is_dir():
             problems.append(Problem("--config-dir", d, "folder does not exist" if not path.exists() else "is not a folder",
                                     "a folder of config groups (model/, data/, experiment/, ...)", nearby_path(path)))
         else:
-            inv.search_dirs.append(path)
+            dirs.append(path)
     if problems:
         raise ConfigError(problems)
-    if inv.search_dirs:
-        inv.overrides = _with_search_path(inv.overrides, inv.search_dirs)
-    inv.search_dirs = [*inv.search_dirs, *_file_search_dirs(inv.overrides, skip=inv.search_dirs)]
+    if config_dirs:
+        inv.overrides = _with_search_path(inv.overrides, dirs)
     return inv
 
 
@@ -161,72 +166,20 @@ def _quoted(path: str) -> str:
     return "'" + path.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _file_search_dirs(overrides: list[str], skip: list[Path]) -> list[Path]:
-    """The local folders of a `hydra.searchpath=[file://...]` override (for the group options)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
-
-    found = []
-    for o in overrides:
-        if o.split("=", 1)[0] != "hydra.searchpath":
-            continue
-        try:
-            value = OverridesParser.create().parse_override(o).value()
-        except OverrideParseException:
-            continue
-        for entry in value if isinstance(value, list) else [value]:
-            entry = str(entry)
-            if entry.startswith("file://"):
-                path = Path(entry[len("file://"):]).resolve()
-                if path not in skip and path not in found:
-                    found.append(path)
-    return found
+def quote_value(value: str) -> str:
+    """An override value Hydra reads back as this exact string (paths with , = spaces, quotes...)."""
+    if value and all(c.isalnum() or c in "/._-+@%" for c in value):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _global_experiment(arg: str) -> str:
-    """`experiment=X` -> `experiment@_global_=X`.
-
-    conf/config.yaml lists the group as `experiment@_global_` so that experiment files need no
-    `# @package _global_` header and can start with the command that runs them; Hydra then only
-    accepts the override under that full name, which nobody should have to type."""
-    for prefix in ("experiment=", "+experiment=", "~experiment="):
-        if arg.startswith(prefix):
-            return arg.replace("experiment=", "experiment@_global_=", 1)
-    return arg
-
-
-def shown(override: str) -> str:
-    """An override as the user typed it (`experiment@_global_=x` -> `experiment=x`)."""
-    return override.replace("experiment@_global_=", "experiment=", 1)
-
-
-def group_options(config_dir: Path = CONF_DIR, extra: list[Path] | tuple[Path, ...] = ()) -> dict[str, list[str]]:
-    """The options of every config group: the packaged files plus those of added config dirs
-    (--config-dir, hydra.searchpath); an added dir may also bring groups of its own."""
-    out: dict[str, set[str]] = {}
-    for d in (config_dir, *extra):
-        for g in GROUPS:
-            if (d / g).is_dir():
-                out.setdefault(g, set()).update(p.stem for p in (d / g).glob("*.yaml"))
-    return {g: sorted(v) for g, v in out.items()}
-
-
-def sweep_points(overrides: list[str]) -> list[list[str]]:
-    """Expand Hydra sweep syntax (a=1,2 b=x,y, range(), choice()) into the list of points."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = _parse(overrides)
-    (batch,) = BasicSweeper.split_arguments(parsed, None)
-    return batch
-
-
-def _parse(overrides: list[str]):
+def parse_overrides(overrides: list[str], config_loader=None) -> list:
+    """Hydra's parse of the overrides; a mistake is a Problem (exit 2)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
     try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
+        parsed = OverridesParser.create(config_loader=config_loader).parse_overrides(overrides)
     except OverrideParseException as e:
         first = str(e).strip().splitlines()
         raise ConfigError([Problem("(command line)", " ".join(overrides),
@@ -239,75 +192,35 @@ def _parse(overrides: list[str]):
     return parsed
 
 
-def check_group_choices(overrides: list[str], config_dir: Path,
-                        options: dict[str, list[str]] | None = None, parsed: list | None = None) -> list[Problem]:
-    """Unknown options of config groups (model=natve), named with the options that exist."""
-    options = group_options(config_dir) if options is None else options
-    problems = []
-    for ov in _parse(overrides) if parsed is None else parsed:
-        key = ov.key_or_group
-        if key in options and not ov.is_delete():
-            values = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
-            for v in values:
-                if v not in options[key] and v != "null":
-                    problems.append(Problem(key, v, f"no option {v!r} in config group {key!r}",
-                                            one_of(options[key]), did_you_mean(v, options[key]),
-                                            source=f"command line {_shown(ov)}"))
-    return problems
-
-
-@dataclass
-class Composed:
-    data: dict
-    """The resolved experiment as plain data (hydra node dropped)."""
-    run_dir: str
-    sweep_dir: str
-    overrides: list[str]
-    problems: list[Problem] = field(default_factory=list)
-    """Mistakes found while composing that did not stop composition (an unknown key on the command
-    line, a ??? value): reported together with the validation errors of the rest."""
-    group_key: tuple[str, ...] = ()
-    """The group choices (model=..., experiment=...) this point was composed with."""
-    value_overrides: tuple[str, ...] = ()
-    """The key=value, +key=value, ~key overrides applied on top."""
-    sweep_subdir: str | None = None
-    """This point's folder under sweep_dir (composed with job_num; None otherwise)."""
+def sweep_values(ov) -> list[str] | None:
+    """The values of a sweep override (a,b / range() / choice() / glob()); None for the forms only
+    an adaptive sweeper expands (interval(), tag())."""
+    try:
+        return list(ov.sweep_string_iterator())
+    except Exception:  # interval() and friends: Hydra's own "not iterable" error
+        return None
 
 
 class Composer:
-    """Composes many points with one Hydra initialisation.
+    """Hydra's compose API over the packaged config groups plus the user's (`hydra.searchpath`,
+    which `--config-dir` becomes). Use as a context manager: it owns Hydra's global state while
+    open. Compositions are cached by their overrides."""
 
-    Hydra composes the defaults list (root config, group files, experiment file) once per distinct
-    set of group choices; the value overrides of each point (key=value, +key=value, ~key) are then
-    applied to a copy with Hydra's own override code (`_apply_overrides_to_config`, the function
-    `hydra.compose` uses), so the result is the same as composing each point from scratch. A sweep
-    over values therefore composes once instead of once per point.
-
-    Use as a context manager (it owns the global Hydra state while open).
-    """
-
-    def __init__(self, config_dir: Path = CONF_DIR, config_name: str = CONFIG_NAME,
-                 search_dirs: list[Path] | tuple[Path, ...] = ()) -> None:
+    def __init__(self, config_dir: Path = CONF_DIR, config_name: str = CONFIG_NAME) -> None:
         self.config_dir = Path(config_dir)
         self.config_name = config_name
-        self._options = group_options(self.config_dir, search_dirs)
-        self._base: dict[tuple[str, ...], object] = {}
-        self._base_error: dict[tuple[str, ...], Exception] = {}
-        self._defaults: dict[tuple[str, ...], list] = {}
-        self._file_sources: dict[tuple[str, ...], dict] = {}
-        self._parsed: dict[str, object] = {}
-        self._init = None
-        self._loader = None
+        self._cache: dict[tuple[str, ...], Any] = {}
+        self._options: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+        self._init: Any = None
 
     def __enter__(self) -> Composer:
         from hydra import initialize_config_dir
         from hydra.core.global_hydra import GlobalHydra
 
+        register_resolvers()
         GlobalHydra.instance().clear()
-        self._init = initialize_config_dir(config_dir=str(self.config_dir), version_base="1.3",
-                                           job_name="qwen3exp")
+        self._init = initialize_config_dir(config_dir=str(self.config_dir), version_base="1.3", job_name="qwen3exp")
         self._init.__enter__()
-        self._loader = GlobalHydra.instance().config_loader()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -316,172 +229,259 @@ class Composer:
         self._init.__exit__(*exc)
         GlobalHydra.instance().clear()
 
-    # ------------------------------------------------------------------------------ compose
-    def compose(self, overrides: list[str], *, context: str | None = None, job_num: int | None = None,
-                collect: bool = False) -> Composed:
-        """Compose one point. Fatal mistakes (an unknown group option, a file that does not compose)
-        raise ConfigError; with `collect`, the others are returned in `Composed.problems`."""
-        import copy
+    @property
+    def loader(self):
+        from hydra.core.global_hydra import GlobalHydra
 
-        from omegaconf import OmegaConf
-        from omegaconf.errors import OmegaConfBaseException
+        return GlobalHydra.instance().config_loader()
 
-        parsed = self.parse(overrides)
-        group_problems = check_group_choices(overrides, self.config_dir, self._options, parsed)
-        if group_problems and not collect:
-            raise ConfigError(group_problems, context=context)
-        if group_problems:
-            # Compose the rest with the default option, leaving out the keys of the bad group, so
-            # that the other mistakes are reported too.
-            bad = {p.key.split("@")[0] for p in group_problems}
-            parsed = [o for o in parsed if o.key_or_group.split("@")[0].split(".")[0] not in bad]
-        groups, values = self._split(parsed)
-        # Group choices and hydra.* settings (the same for every point of a sweep) are composed by
-        # Hydra itself, once; the experiment's value overrides are applied to a copy per point.
-        hydra_values = [o for o in values if o.is_hydra_override()]
-        values = [o for o in values if not o.is_hydra_override()]
-        key = tuple(o.input_line for o in [*groups, *hydra_values])
-        base, job_base, hydra_plain = self._base_for(key, context)
-        job = copy.deepcopy(job_base)  # the experiment part only (copying Hydra's node costs ~80 ms)
-        problems = group_problems + self._apply(values, job, base)
-        hydra_plain = _hydra_dirs(hydra_plain, parsed, job_num)
-        try:
-            missing = sorted(OmegaConf.missing_keys(job))
-        except OmegaConfBaseException as e:  # missing_keys resolves: a broken interpolation
-            raise ConfigError(problems + [omegaconf_problem(e)], context=context) from None
-        for k in missing:
-            problems.append(Problem(k, MISSING, "required value is not set (??? in the config)",
-                                    _describe(k), hint=f"set it on the command line: {k}=..."))
-            parent, _, leaf = k.rpartition(".")
-            node = OmegaConf.select(job, parent) if parent else job
-            with _open(node):
-                del node[leaf]  # so validation reports it once, as missing, and checks the rest
-        try:
-            data = OmegaConf.to_container(job, resolve=True)
-            with _open(job):
-                job.hydra = hydra_plain  # only run, sweep and job: what directory names refer to
-            sweep_dir = str(job.hydra.sweep.dir)
-            sweep_subdir = str(job.hydra.sweep.subdir) if job_num is not None else None
-            run_dir = f"{sweep_dir}/{sweep_subdir}" if job_num is not None else str(job.hydra.run.dir)
-        except OmegaConfBaseException as e:
-            raise ConfigError(problems + [omegaconf_problem(e)], context=context) from None
-        if problems and not collect:
-            raise ConfigError(problems, context=context)
-        return Composed(data, run_dir, sweep_dir, overrides, problems, tuple(o.input_line for o in groups),
-                        tuple(o.input_line for o in values), sweep_subdir)
+    def options(self, group: str, overrides: tuple[str, ...] = ()) -> list[str]:
+        """The options of a config group in every config source (packaged and the user's)."""
+        searchpath = tuple(o for o in overrides if o.split("=", 1)[0] == "hydra.searchpath")
+        key = (group, searchpath)
+        if key not in self._options:
+            self._options[key] = sorted(self.loader.get_group_options(group, config_name=self.config_name,
+                                                                      overrides=list(searchpath)))
+        return self._options[key]
 
-    @staticmethod
-    def _apply(values: list, cfg, base) -> list[Problem]:
-        from hydra.errors import HydraException
-        from omegaconf.errors import OmegaConfBaseException
+    def compose(self, overrides: list[str], *, context: str | None = None):
+        """The composed config (the hydra node included); raises ConfigError naming every mistake."""
+        key = tuple(overrides)
+        if key not in self._cache:
+            self._cache[key] = self._compose(list(overrides), context)
+        return self._cache[key]
 
-        problems = []
-        for ov in values:  # one at a time, so that every bad override is reported, not just the first
-            try:
-                _apply_overrides([ov], cfg)
-            except (HydraException, OmegaConfBaseException) as e:
-                problems += _problems_from_compose_error(e, [ov], base)
-        return problems
-
-    def parse(self, overrides: list[str]) -> list:
-        """Hydra's parse of each override, cached by its text (sweep points repeat the same ones)."""
-        missing = [o for o in overrides if o not in self._parsed]
-        if missing:
-            self._parsed.update(zip(missing, _parse(missing)))
-        return [self._parsed[o] for o in overrides]
-
-    def _split(self, parsed) -> tuple[list, list]:
-        """Group overrides (they change the defaults list) and value overrides, as Hydra splits them."""
-        repo = self._loader.repository
-        groups, values = [], []
-        for ov in parsed:
-            is_group = not isinstance(ov.value(), dict) and repo.group_exists(ov.key_or_group)
-            (groups if is_group or ov.key_or_group.startswith("hydra.searchpath") else values).append(ov)
-        return groups, values
-
-    def _base_for(self, key: tuple[str, ...], context: str | None):
-        """The config composed from the root config and the chosen group files (cached)."""
+    def _compose(self, overrides: list[str], context: str | None):
+        import yaml
         from hydra import compose
         from hydra.errors import HydraException
-        from omegaconf import OmegaConf
         from omegaconf.errors import OmegaConfBaseException
 
-        if key not in self._base:
-            import yaml
+        parsed = parse_overrides(overrides)
+        problems = self.group_problems(parsed, tuple(overrides))
+        if problems:
+            raise ConfigError(problems, context=context)
+        try:
+            return compose(config_name=self.config_name, overrides=overrides, return_hydra_config=True)
+        except yaml.YAMLError as e:
+            raise ConfigError([yaml_problem(e)], context=context) from None
+        except OmegaConfBaseException as e:
+            raise ConfigError([omegaconf_problem(e)], context=context) from None
+        except (HydraException, ValueError, TypeError) as e:
+            raise ConfigError(self._diagnose(e, parsed), context=context) from None
+        except Exception as e:  # e.g. MissingConfigException for a file a defaults list names
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError([Problem("(composition)", " ".join(overrides) or "(defaults)", first)],
+                              context=context) from None
 
+    def group_problems(self, parsed: list, overrides: tuple[str, ...]) -> list[Problem]:
+        """Unknown options of config groups (model=natve), named with the options that exist."""
+        problems = []
+        for ov in parsed:
+            group = ov.key_or_group.split("@")[0]
+            if group not in GROUPS or ov.is_delete():
+                continue
+            options = self.options(group, overrides)
+            values = sweep_values(ov) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
+            for v in values or []:
+                if v not in options and v != "null":
+                    problems.append(Problem(group, v, f"no option {v!r} in config group {group!r}",
+                                            one_of(options), did_you_mean(v, options),
+                                            source=f"command line {ov.input_line}"))
+        return problems
+
+    def _diagnose(self, e: Exception, parsed: list) -> list[Problem]:
+        """Name the overrides that failed: compose without the value overrides and look them up."""
+        from hydra import compose
+
+        groups = [o for o in parsed if o.key_or_group.split("@")[0] in GROUPS or "/" in o.key_or_group
+                  or o.key_or_group.startswith("hydra.")]
+        values = [o for o in parsed if o not in groups]
+        try:
+            base = compose(config_name=self.config_name, overrides=[o.input_line for o in groups])
+        except Exception:
+            base = None
+        return _problems_from_compose_error(e, values, base)
+
+
+def shadowed(cfg) -> list[Problem]:
+    """A file of the user's that has the name of an option of an earlier config directory (the
+    packaged one): Hydra takes the first in its search path, so the user's would be ignored without
+    a word. Looked up in the config sources the composition used (`hydra.runtime.config_sources`)."""
+    from omegaconf import OmegaConf
+
+    dirs = [Path(s["path"]) for s in OmegaConf.to_container(cfg.hydra.runtime.config_sources)
+            if s["schema"] == "file" and s["provider"] not in ("hydra", "schema")]
+    problems = []
+    for group in GROUPS:
+        seen: dict[str, Path] = {}
+        for d in dirs:
+            for f in sorted((d / group).glob("*.yaml")) if (d / group).is_dir() else []:
+                if f.stem in seen and seen[f.stem] != d:
+                    problems.append(Problem(group, f.stem,
+                                            f"{f} has the name of an option in {seen[f.stem]}, which comes first "
+                                            "in Hydra's search path, so it would be ignored",
+                                            "a file name that no earlier config directory uses",
+                                            f"rename it (e.g. {group}/my_{f.stem}.yaml) and select it with "
+                                            f"{group}=my_{f.stem}"))
+                seen.setdefault(f.stem, d)
+    return problems
+
+
+@dataclass
+class Master:
+    """What the command line composes to before Hydra runs."""
+
+    cfg: Any
+    """The composed config (sweep overrides at their first value)."""
+    multirun: bool
+    output_dir: str
+    """The run directory (multirun: the sweep directory), resolved once."""
+    sweeps: list[str] = field(default_factory=list)
+    """The sweep overrides as typed."""
+
+
+def precheck(inv: Invocation) -> Master:
+    """Compose the run (a sweep: its common part, and each option of a swept config group) through
+    Hydra's compose API and report every mistake as Problems (raises ConfigError)."""
+    from omegaconf import OmegaConf
+
+    parsed = parse_overrides(inv.overrides)
+    sweeps = [o for o in parsed if o.is_sweep_override()]
+    multirun_asked = inv.multirun
+    with Composer(inv.config_dir, inv.config_name) as c:
+        fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+        firsts = []
+        for o in sweeps:
+            values = sweep_values(o)
+            if values:
+                firsts.append(_with_value(o, values[0]))
+        variants = [fixed + firsts]
+        for i, o in enumerate(sweeps):
+            values = sweep_values(o) or []
+            if o.key_or_group.split("@")[0] in GROUPS:
+                for v in values[1:]:
+                    variants.append(fixed + [f if f.split("=", 1)[0] != o.input_line.split("=", 1)[0]
+                                             else _with_value(o, v) for f in firsts])
+        cfg, errors = None, []
+        for variant in variants:
             try:
-                cfg = compose(config_name=self.config_name, overrides=list(key), return_hydra_config=True)
-            except yaml.YAMLError as e:
-                raise ConfigError([yaml_problem(e)], context=context) from None
-            except OmegaConfBaseException as e:
-                raise ConfigError([omegaconf_problem(e)], context=context) from None
-            except (HydraException, ValueError, TypeError) as e:
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise ConfigError([Problem("(composition)", " ".join(key) or "(defaults)", first)],
-                                  context=context) from None
-            plugin_problems = hydra_plugin_problems(cfg)
-            if plugin_problems:
-                raise ConfigError(plugin_problems, context=context)
-            job = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"])
-            OmegaConf.set_struct(job, True)
-            hydra = OmegaConf.to_container(cfg.hydra, resolve=False)
-            self._base[key] = (cfg, job, {k: hydra[k] for k in ("run", "sweep", "job")})
-        return self._base[key]
+                composed = c.compose(variant)
+            except ConfigError as e:
+                errors.append(e)
+                continue
+            cfg = cfg if cfg is not None else composed
+        if errors:
+            raise ConfigError.several(errors)
+        problems = shadowed(cfg) + hydra_plugin_problems(cfg)
+        if problems:
+            raise ConfigError(problems)
+        from hydra.core.hydra_config import HydraConfig
+        from omegaconf.errors import OmegaConfBaseException
 
-    # ---------------------------------------------------------------------------- provenance
-    def defaults_list(self, group_key: tuple[str, ...]) -> list:
-        """Hydra's defaults list for these group choices: the files composed, in order."""
-        from hydra.types import RunMode
-
-        if group_key not in self._defaults:
-            self._defaults[group_key] = self._loader.compute_defaults_list(
-                self.config_name, list(group_key), RunMode.RUN).defaults
-        return self._defaults[group_key]
-
-    def provenance(self, composed: Composed):
-        """Where each key's value came from (see `qwen3exp.config.origins`); the files' part is computed
-        once per set of group choices."""
-        from qwen3exp.config.origins import Provenance, file_sources
-
-        if composed.group_key not in self._file_sources:
-            self._file_sources[composed.group_key] = file_sources(self, composed.group_key)
-        return Provenance.with_overrides(self._file_sources[composed.group_key],
-                                         self.parse(list(composed.value_overrides)))
-
-    def load_file(self, config_path: str):
-        return self._loader.repository.load_config(config_path=config_path)
+        multirun = multirun_asked or str(OmegaConf.select(cfg, "hydra.mode")) == "RunMode.MULTIRUN"
+        if sweeps and not multirun:
+            raise ConfigError([Problem("(command line)", " ".join(o.input_line for o in sweeps),
+                                       "is a sweep, but the command is a single run",
+                                       "add -m (--multirun) to run the sweep, or give one value per key")])
+        try:
+            HydraConfig.instance().set_config(cfg)
+            output_dir = str(OmegaConf.select(cfg, "hydra.sweep.dir" if multirun else "hydra.run.dir"))
+        except OmegaConfBaseException as e:
+            raise ConfigError([omegaconf_problem(e)]) from None
+    return Master(cfg, multirun, output_dir, [o.input_line for o in sweeps])
 
 
-def compose_point(overrides: list[str], *, config_dir: Path = CONF_DIR, config_name: str = CONFIG_NAME,
-                  context: str | None = None, job_num: int | None = None) -> Composed:
-    """Compose a single point (raises ConfigError on any mistake). `job_num`: the point's index in a
-    sweep (Hydra's hydra.job.num), so that the sweep subdir resolves as it will in the real job."""
+def composition_problems(e: Exception, overrides: list[str], base) -> list[Problem]:
+    """A composition error of Hydra's (a job of a sweep) as Problems naming the override."""
+    import yaml
+    from omegaconf.errors import OmegaConfBaseException
+
+    cause = e.__cause__ if isinstance(e.__cause__, (yaml.YAMLError, OmegaConfBaseException)) else e
+    if isinstance(cause, yaml.YAMLError):
+        return [yaml_problem(cause)]
+    if isinstance(cause, OmegaConfBaseException) and not str(cause).startswith("Could not override"):
+        return [omegaconf_problem(cause)]
+    try:
+        parsed = parse_overrides(overrides)
+    except ConfigError as parse_error:
+        return parse_error.problems
+    values = [o for o in parsed if not (o.key_or_group.split("@")[0] in GROUPS or "/" in o.key_or_group
+                                        or o.key_or_group.startswith("hydra."))]
+    return _problems_from_compose_error(e, values, base)
+
+
+def _with_value(ov, value: str) -> str:
+    key = ov.input_line.split("=", 1)[0]
+    return f"{key}={quote_value(value)}"
+
+
+def experiment_data(cfg) -> tuple[dict, list[Problem]]:
+    """The experiment part of a composed config (the hydra node dropped) as plain data, resolved;
+    each `???` value is a Problem and is left out, so that validation reports it once and checks
+    the rest."""
+    from omegaconf import OmegaConf, open_dict
+    from omegaconf.errors import OmegaConfBaseException
+
+    job = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"])
+    problems = []
+    try:
+        missing = sorted(OmegaConf.missing_keys(job))
+    except OmegaConfBaseException as e:  # missing_keys resolves: a broken interpolation
+        raise ConfigError([omegaconf_problem(e)]) from None
+    for k in missing:
+        problems.append(Problem(k, MISSING, "required value is not set (??? in the config)",
+                                _describe(k), hint=f"set it on the command line: {k}=..."))
+        parent, _, leaf = k.rpartition(".")
+        node = OmegaConf.select(job, parent) if parent else job
+        with open_dict(node):
+            del node[leaf]
+    try:
+        data = OmegaConf.to_container(job, resolve=True)
+    except OmegaConfBaseException as e:
+        raise ConfigError([*problems, omegaconf_problem(e)]) from None
+    assert isinstance(data, dict)
+    return data, problems
+
+
+def compose_experiment(overrides: list[str], *, config_dir: Path = CONF_DIR, config_name: str = CONFIG_NAME):
+    """The validated Experiment of these overrides (raises ConfigError on any mistake)."""
+    from qwen3exp.config.schema import validate_experiment
+
     with Composer(config_dir, config_name) as c:
-        return c.compose(overrides, context=context, job_num=job_num)
+        data, problems = experiment_data(c.compose(overrides))
+    if problems:
+        raise ConfigError(problems)
+    return validate_experiment(data)
 
 
-_DEFAULT_PLUGINS = {"launcher": "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
+_DEFAULT_PLUGINS = {"launcher": LAUNCHER_TARGET,
                     "sweeper": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"}
 
 
 def hydra_plugin_problems(cfg) -> list[Problem]:
-    """`hydra.launcher._target_` / `hydra.sweeper._target_` must name an installed Hydra launcher /
-    sweeper plugin (found through Hydra's public plugin discovery), so that a typo is exit 2 here,
-    not a traceback once the sweep starts. The usual choice is a config group: hydra/launcher=...,
-    hydra/sweeper=..."""
+    """`hydra.launcher._target_` must be qwen3exp's launcher (it checks every batch of jobs; Hydra's
+    basic or another launcher would start jobs no check has seen), and `hydra.sweeper._target_` an
+    installed Hydra sweeper plugin (found through Hydra's public plugin discovery), so that a typo is
+    exit 2 here, not a traceback once the sweep starts."""
     from omegaconf import OmegaConf
 
     problems = []
-    for kind, default in _DEFAULT_PLUGINS.items():
-        target = OmegaConf.select(cfg, f"hydra.{kind}._target_", throw_on_resolution_failure=False)
-        if target is None or target == default:
-            continue
-        available = _plugin_names(kind)
+    launcher = OmegaConf.select(cfg, "hydra.launcher._target_", throw_on_resolution_failure=False)
+    if launcher != LAUNCHER_TARGET:
+        problems.append(Problem("hydra.launcher._target_", launcher,
+                                "qwen3exp runs every job through its own Hydra launcher, which checks each batch "
+                                "of jobs before any of them starts", f"hydra/launcher=qwen3exp ({LAUNCHER_TARGET})",
+                                "drop hydra/launcher=...; SLURM is launcher=slurm (it runs through "
+                                "hydra-submitit-launcher inside qwen3exp's launcher)"))
+    target = OmegaConf.select(cfg, "hydra.sweeper._target_", throw_on_resolution_failure=False)
+    if target is not None and target != _DEFAULT_PLUGINS["sweeper"]:
+        available = _plugin_names("sweeper")
         if target not in available:
-            problems.append(Problem(f"hydra.{kind}._target_", target, f"is not an installed Hydra {kind} plugin",
+            problems.append(Problem("hydra.sweeper._target_", target, "is not an installed Hydra sweeper plugin",
                                     one_of(sorted(available)), did_you_mean(str(target), sorted(available)) or
-                                    f"choose one with hydra/{kind}=<name>; plugins are pip packages "
-                                    f"(e.g. hydra-submitit-launcher, hydra-optuna-sweeper)"))
+                                    "choose one with hydra/sweeper=<name>; plugins are pip packages "
+                                    "(e.g. hydra-optuna-sweeper)"))
     return problems
 
 
@@ -529,42 +529,10 @@ def yaml_problem(e: Exception) -> Problem:
                    source=f"{where}{line}")
 
 
-def _shown(ov) -> str:
-    """An override as the user typed it (experiment=X, not Hydra's experiment@_global_=X)."""
-    return ov.input_line.replace("experiment@_global_", "experiment")
-
-
-def _apply_overrides(overrides: list, cfg) -> None:
-    # Hydra's own code for key=value, +key=value, ++key=value and ~key (hydra-core 1.3).
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-
-    ConfigLoaderImpl._apply_overrides_to_config(overrides, cfg)
-
-
 def _describe(key: str) -> str | None:
     from qwen3exp.config.schema import describe
 
     return describe(key)
-
-
-def _hydra_dirs(hydra_plain: dict, parsed, job_num: int | None) -> dict:
-    """The part of the hydra node the run and sweep directories are computed from, for this point."""
-    from hydra._internal.config_loader_impl import get_overrides_dirname
-
-    task = [o for o in parsed if not o.is_hydra_override()]
-    job = dict(hydra_plain["job"])
-    od = job["config"]["override_dirname"]
-    job["override_dirname"] = get_overrides_dirname(overrides=task, kv_sep=od["kv_sep"], item_sep=od["item_sep"],
-                                                    exclude_keys=od["exclude_keys"])
-    if job_num is not None:
-        job["num"], job["id"] = job_num, str(job_num)
-    return {"run": hydra_plain["run"], "sweep": hydra_plain["sweep"], "job": job}
-
-
-def _open(node):
-    from omegaconf import open_dict
-
-    return open_dict(node)
 
 
 def _problems_from_compose_error(e: Exception, parsed: list, base) -> list[Problem]:
@@ -583,12 +551,12 @@ def _problems_from_compose_error(e: Exception, parsed: list, base) -> list[Probl
             top = key.split(".")[0]
             problems.append(Problem(key, ov.get_value_element_as_str(), f"unknown section {parent_key or top!r}",
                                     one_of(sections), did_you_mean(parent_key or top, sections),
-                                    source=f"command line {_shown(ov)}"))
+                                    source=f"command line {ov.input_line}"))
         elif leaf not in parent:
             siblings = [str(k) for k in parent.keys()]
             full = [f"{parent_key}.{s}" if parent_key else s for s in siblings]
             problems.append(Problem(key, ov.get_value_element_as_str(), "unknown key", one_of(siblings),
-                                    did_you_mean(key, full), source=f"command line {_shown(ov)}"))
+                                    did_you_mean(key, full), source=f"command line {ov.input_line}"))
     if not problems:
         msg = str(e)
         first = msg.strip().splitlines()[0] if msg.strip() else type(e).__name__

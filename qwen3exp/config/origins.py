@@ -78,11 +78,12 @@ class Provenance:
 
 
 def file_sources(composer, group_key: tuple[str, ...]) -> dict[str, Source]:
-    """Each key set by a file of the defaults list, attributed to the last file that sets it."""
+    """Each key set by a file of the defaults list, attributed to the last file that sets it.
+    `composer`: `defaults_list(group_key)`, `load_file(config_path)` and `where(config_path)` (the
+    file as shown), e.g. `qwen3exp.launchers.batch.HydraFiles`."""
     from omegaconf import OmegaConf
 
     sources: dict[str, Source] = {}
-    dirname = composer.config_dir.name
     chosen_on_cli = {g.split("=", 1)[0].lstrip("+~").split("@")[0] for g in group_key}
     for d in composer.defaults_list(group_key):
         path = d.config_path
@@ -94,7 +95,7 @@ def file_sources(composer, group_key: tuple[str, ...]) -> dict[str, Source]:
         node = OmegaConf.to_container(loaded.config, resolve=False)
         node.pop("defaults", None)
         group = path.split("/")[0] if "/" in path else None
-        where = f"{dirname}/{path}.yaml"
+        where = composer.where(path)
         if group is None:
             src = Source(ROOT_CONFIG, where)
         elif group == "experiment":

@@ -1,14 +1,14 @@
 """SLURM through hydra-submitit-launcher (`launcher=slurm`).
 
-Submitting (the command line, on the submit host): `hydra_overrides()` selects Hydra's
-`submitit_slurm` launcher and points its parameters at the validated `launcher` section. Hydra then
-submits one job per run (a job array for a sweep), and each job runs `qwen3exp.cli._task`, the same
-function a local run calls, once, on the first node of its allocation (`use_srun=false`: submitit
+Submitting (the command line, on the submit host): qwen3exp's Hydra launcher checks the batch, then
+hands it to hydra-submitit-launcher's SlurmLauncher set up with `submitit_params()` from the validated
+`launcher` section. It submits one job per run (a job array for a sweep), and each job runs
+`qwen3exp.launchers.batch.task`, which checks and runs the job like a local one, once, on the first node of its allocation (`use_srun=false`: submitit
 would otherwise run it once per SLURM task). The run directory must be on a shared file system.
 
-In the job (`placement()`): with one node torchrun starts directly; with several, `_task` starts
+In the job (`placement()`): with one node torchrun starts directly; with several, the job starts
 `srun` with one torchrun agent per node and a c10d rendezvous on a free port of the first node
-(where `_task` runs). `--kill-on-bad-exit` ends every node's agent when one fails. Hydra never runs
+(where the job runs). `--kill-on-bad-exit` ends every node's agent when one fails. Hydra never runs
 on the other nodes or in the ranks.
 """
 
@@ -25,26 +25,28 @@ from qwen3exp.plan.placement import STANDALONE_ENDPOINT, STANDALONE_ID, Placemen
 from qwen3exp.config.schema import Experiment, SlurmLauncher
 
 
-def hydra_overrides() -> list[str]:
-    """Hydra overrides for a launcher=slurm run or sweep. The values are interpolations of the
-    validated `launcher` section, so nothing is quoted twice and every default stays in conf/."""
-    return [
-        "hydra/launcher=submitit_slurm",
-        # _task runs once, on the first node, and starts srun itself (see the module docstring).
-        "+hydra.launcher.use_srun=false",
-        "hydra.launcher.nodes=${launcher.nnodes}",
-        "hydra.launcher.tasks_per_node=1",
-        "hydra.launcher.cpus_per_task=${launcher.cpus_per_node}",
-        "hydra.launcher.mem_gb=${launcher.mem_gb}",
-        "hydra.launcher.gpus_per_node=${launcher.gpus_per_node}",
-        "hydra.launcher.partition=${launcher.partition}",
-        "hydra.launcher.account=${launcher.account}",
-        "hydra.launcher.timeout_min=${launcher.time_limit_min}",
-        "hydra.launcher.additional_parameters=${launcher.additional_parameters}",
-        "hydra.launcher.setup=${launcher.setup}",
-        "hydra.launcher.array_parallelism=${launcher.array_parallelism}",
-        "hydra.launcher.name=${name}",
-    ]
+def submitit_params(exp: Experiment, sweep_dir: Path) -> dict:
+    """hydra-submitit-launcher's SlurmLauncher parameters for a launcher=slurm run or sweep, from
+    the validated `launcher` section (every default lives in conf/launcher/slurm.yaml)."""
+    la = exp.launcher
+    assert isinstance(la, SlurmLauncher)
+    return {
+        "submitit_folder": f"{sweep_dir}/.submitit/%j",
+        # the job runs once, on the first node, and starts srun itself (see the module docstring).
+        "use_srun": False,
+        "nodes": la.nnodes,
+        "tasks_per_node": 1,
+        "cpus_per_task": la.cpus_per_node,
+        "mem_gb": la.mem_gb,
+        "gpus_per_node": la.gpus_per_node,
+        "partition": la.partition,
+        "account": la.account,
+        "timeout_min": la.time_limit_min,
+        "additional_parameters": dict(la.additional_parameters),
+        "setup": list(la.setup),
+        "array_parallelism": la.array_parallelism,
+        "name": exp.name,
+    }
 
 
 def controller_problem() -> Problem | None:

@@ -20,44 +20,16 @@ The end-of-sweep table is read back from the run directories for the same reason
 
 from __future__ import annotations
 
-import hashlib
+import json
+import os
 import shlex
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
 
 from qwen3exp.run import rundir
+from qwen3exp.config.compose import quote_value
 from qwen3exp.errors import ConfigError, Problem
-
-RESOLVER = "qwen3exp.safe_dirname"
-_MAX_NAME = 200  # file names are limited to 255 bytes; leave room for suffixes
-
-
-def safe_dirname(override_dirname: str) -> str:
-    """A folder name for a job from Hydra's override_dirname (`a=1,b=x`): `experiment@_global_=`
-    reads `experiment=`, characters that are not safe in a file name are %-escaped (`/` -> `%2F`),
-    an empty name (no overrides) is `base`, and a name too long for a file system is shortened with
-    a hash of the full name."""
-    name = str(override_dirname).replace("@_global_=", "=")
-    name = quote(name, safe="=,+-._@~")
-    if not name:
-        return "base"
-    if len(name) > _MAX_NAME:
-        digest = hashlib.sha1(name.encode()).hexdigest()[:10]
-        name = f"{name[:_MAX_NAME - 11]}-{digest}"
-    return name
-
-
-def register_resolver() -> None:
-    from omegaconf import OmegaConf
-
-    if not OmegaConf.has_resolver(RESOLVER):
-        OmegaConf.register_new_resolver(RESOLVER, safe_dirname)
-    if not OmegaConf.has_resolver(rundir.STAMP_RESOLVER):
-        # Cached: every reference in one composed config sees the same stamp.
-        OmegaConf.register_new_resolver(rundir.STAMP_RESOLVER, rundir.stamp, use_cache=True)
-
 
 # ------------------------------------------------------------------------------ the resume plan
 NEW, DONE, RETRY, CONFLICT = "new", "done", "retry", "conflict"
@@ -89,15 +61,14 @@ def _state(run_dir: Path, exp_hash: str) -> tuple[str, str | None]:
     return RETRY, status or "no summary (killed)"
 
 
-def plan(points, sweep_dir: Path) -> list[Job]:
+def plan(points, sweep_dir: Path, *, first_index: int = 0) -> list[Job]:
     """Decide for every point of a sweep what happens to it; raises ConfigError (before any job
     starts) when two points share a folder or a folder holds a different experiment."""
     jobs, problems, seen, conflicts = [], [], {}, []
-    for i, (overrides, exp, run_dir) in enumerate((p.overrides, p.exp, p.run_dir) for p in points):
+    for i, (overrides, exp, run_dir) in enumerate(((p.overrides, p.exp, p.run_dir) for p in points), first_index):
         run_dir = Path(run_dir)
         data = exp.model_dump(mode="json")
-        label = " ".join(o.replace("experiment@_global_=", "experiment=") for o in overrides
-                         if not o.startswith("hydra."))
+        label = " ".join(o for o in overrides if not o.startswith("hydra."))
         if run_dir in seen:
             problems.append(Problem("hydra.sweep.subdir", str(run_dir),
                                     f"sweep points {seen[run_dir] + 1} and {i + 1} [{label}] share one run directory",
@@ -135,7 +106,48 @@ def _conflict(conflicts: list, n: int, sweep_dir: Path) -> Problem:
         "a sweep directory never mixes two configurations",
         "a new sweep directory",
         "drop hydra.sweep.dir=... (a new timestamped directory) or pass a new one; "
-        f"python -m qwen3exp.analysis.diff '{run_dir}' <new run> shows every difference")
+        f"qwen3exp diff '{run_dir}' <new run> shows every difference")
+
+
+MANIFEST = ".qwen3exp-sweep.jsonl"
+"""The sweep directory's record of its jobs, one line per job as the launcher planned it (an
+adaptive sweeper adds a batch at a time); the command line reads it back for the end table."""
+
+
+def record(sweep_dir: Path, jobs: list[Job]) -> None:
+    lines = "".join(json.dumps({"index": j.index, "overrides": j.overrides, "run_dir": str(j.run_dir),
+                                "experiment": j.experiment, "state": j.state, "previous": j.previous}) + "\n"
+                    for j in jobs)
+    with open(sweep_dir / MANIFEST, "a", encoding="utf-8") as f:
+        f.write(lines)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def recorded(sweep_dir: Path, since: int = 0) -> list[Job]:
+    """The jobs recorded from byte offset `since` (this launch's part of the manifest)."""
+    try:
+        with open(sweep_dir / MANIFEST, "rb") as f:
+            f.seek(since)
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    jobs = []
+    for line in text.splitlines():
+        try:
+            d = json.loads(line)
+            jobs.append(Job(int(d["index"]), list(d["overrides"]), Path(d["run_dir"]), dict(d["experiment"]),
+                            str(d["state"]), d.get("previous")))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return jobs
+
+
+def manifest_size(sweep_dir: Path) -> int:
+    try:
+        return (sweep_dir / MANIFEST).stat().st_size
+    except OSError:
+        return 0
 
 
 def describe(jobs: list[Job], sweep_dir: Path) -> str:
@@ -227,7 +239,7 @@ def finish(jobs: list[Job], sweep_dir: Path, command: list[str], *, stopped: int
     if any(r.metrics for r in runs):
         try:
             written = report.write_files(runs, sweep_dir, root=sweep_dir, status=status)
-            print(f"report: {', '.join(str(p) for p in written)}   (python -m qwen3exp.analysis.report {sweep_dir})")
+            print(f"report: {', '.join(str(p) for p in written)}   (qwen3exp report {sweep_dir})")
         except Exception as e:  # a plotting problem never changes what the sweep did
             print(f"report: not written ({type(e).__name__}: {e})")
     unfinished = [r for r in runs if status.get(r.path, r.status) not in ("completed", "skipped (done)")]
@@ -241,10 +253,3 @@ def finish(jobs: list[Job], sweep_dir: Path, command: list[str], *, stopped: int
 def resume_command(command: list[str], sweep_dir: Path) -> str:
     args = [a for a in command if not a.startswith("hydra.sweep.dir=")]
     return shlex.join([*args, f"hydra.sweep.dir={quote_value(str(sweep_dir))}"])
-
-
-def quote_value(value: str) -> str:
-    """An override value Hydra reads back as this exact string (paths with , = spaces, quotes...)."""
-    if value and all(c.isalnum() or c in "/._-+@%" for c in value):
-        return value
-    return "'" + value.replace("'", "\\'") + "'"
