@@ -118,6 +118,8 @@ CASES = [
     Case("several_at_once", ("training.steps=0", "model.flavor=4b", "parallelism.tp=3", "training.decay_type=cosin"),
          "parallelism.tp", "allowed: 1, 2 (the divisors of 2)",
          ("4 configuration errors", "training.steps = 0", "model.flavor = '4b'", "training.decay_type = 'cosin'")),
+    Case("experiment_file_without_header", ("--config-path", "{tmp}/conf", "experiment=headless"), "experiment",
+         "# @package _global_", ("conf/experiment/headless.yaml",)),
     Case("group_option_with_others", ("data=locl", "training.steps=0"), "data", "bundled, local",
          ("did you mean local?", "2 configuration errors", "training.steps = 0")),
     Case("bad_sweep_point", ("-m", "training.steps=10,0"), "training.steps", "a number > 0",
@@ -196,7 +198,9 @@ def assets(tmp_path_factory) -> Path:
     (big / "tokenizer.json").write_text(json.dumps(tok))
     shutil.copytree(CONF, tmp / "conf")
     (tmp / "conf" / "experiment" / "bad.yaml").write_text(
-        "name: bad\ntraining:\n  steps: 0\n  warmup_steps: 0\n")
+        "# @package _global_\nname: bad\ntraining:\n  steps: 0\n  warmup_steps: 0\n")
+    # an experiment file without its package header: Hydra nests its keys under `experiment.`
+    (tmp / "conf" / "experiment" / "headless.yaml").write_text("name: headless\ntraining:\n  steps: 5\n")
     _data_files(tmp / "data")
     _model_folders(tmp)
     return tmp

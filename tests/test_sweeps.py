@@ -40,10 +40,10 @@ def _env() -> dict:
 
 # ------------------------------------------------------------------------- fast: before any job
 def test_safe_dirname():
-    from qwen3exp.launchers.sweep import safe_dirname
+    from qwen3exp.config.names import safe_dirname
 
     assert safe_dirname("training.lr=0.001,training.seed=1") == "training.lr=0.001,training.seed=1"
-    assert safe_dirname("experiment@_global_=tiny_sweep,training.lr=1") == "experiment=tiny_sweep,training.lr=1"
+    assert safe_dirname("experiment=tiny_sweep,training.lr=1") == "experiment=tiny_sweep,training.lr=1"
     assert safe_dirname("data.path=/tmp/a b/c.jsonl") == "data.path=%2Ftmp%2Fa%20b%2Fc.jsonl"
     assert safe_dirname("") == "base"
     long = safe_dirname("x=" + "y" * 400)
@@ -254,7 +254,7 @@ def test_relaunch_from_a_run_directory_reproduces_the_losses(sweep, tmp_path):
     assert "losses identical" in r.stdout
     assert (new / "experiment.yaml").read_text() == (original / "experiment.yaml").read_text()
     prov = json.loads((new / "provenance.json").read_text())
-    assert prov["command"][1:3] == ["-m", "qwen3exp.analysis.relaunch"] and prov["hydra"]["mode"] == "RUN"
+    assert prov["command"][1:4] == ["-m", "qwen3exp", "relaunch"] and prov["hydra"]["mode"] == "RUN"
     # The plain Hydra form composes the same experiment (checked without training).
     dry = run_cli("--config-path", str(original / ".hydra"), "--config-name", "config", "dry_run=true")
     assert dry.returncode == 0, dry.stderr

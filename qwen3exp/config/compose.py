@@ -260,7 +260,7 @@ class Composer:
         parsed = parse_overrides(overrides)
         problems = self.group_problems(parsed, tuple(overrides))
         if problems:
-            raise ConfigError(problems, context=context)
+            raise ConfigError([*problems, *self._other_problems(parsed, problems)], context=context)
         try:
             return compose(config_name=self.config_name, overrides=overrides, return_hydra_config=True)
         except yaml.YAMLError as e:
@@ -289,6 +289,19 @@ class Composer:
                                             one_of(options), did_you_mean(v, options),
                                             source=f"command line {ov.input_line}"))
         return problems
+
+    def _other_problems(self, parsed: list, group_problems: list[Problem]) -> list[Problem]:
+        """The mistakes besides an unknown group option: compose without that group's overrides and
+        validate, so that one mistake does not hide another."""
+        from qwen3exp.config.schema import check_experiment
+
+        bad = {p.key for p in group_problems}
+        rest = [o.input_line for o in parsed if o.key_or_group.split("@")[0].split(".")[0] not in bad]
+        try:
+            data, problems = experiment_data(self.compose(rest))
+        except ConfigError as e:
+            return e.problems
+        return [*problems, *(p for p in check_experiment(data).problems if p.key.split(".")[0] not in bad)]
 
     def _diagnose(self, e: Exception, parsed: list) -> list[Problem]:
         """Name the overrides that failed: compose without the value overrides and look them up."""
@@ -441,7 +454,26 @@ def experiment_data(cfg) -> tuple[dict, list[Problem]]:
     except OmegaConfBaseException as e:
         raise ConfigError([*problems, omegaconf_problem(e)]) from None
     assert isinstance(data, dict)
+    if isinstance(data.get("experiment"), dict):
+        raise ConfigError([_headless_experiment(cfg, data["experiment"])])
     return data, problems
+
+
+def _headless_experiment(cfg, nested: dict) -> Problem:
+    """An experiment file without `# @package _global_`: Hydra nests its keys under `experiment.`."""
+    from omegaconf import OmegaConf
+
+    choice = OmegaConf.select(cfg, "hydra.runtime.choices.experiment", default="?")
+    where = f"experiment/{choice}.yaml"
+    for s in OmegaConf.to_container(cfg.hydra.runtime.config_sources) or []:
+        if s["schema"] == "file" and (Path(s["path"]) / where).is_file():
+            where = f"{Path(s['path']).name}/{where}"
+            break
+    keys = ", ".join(f"experiment.{k}" for k in list(nested)[:4])
+    return Problem("experiment", choice, f"{where} does not start with the line '# @package _global_', so Hydra "
+                   f"put its keys under experiment. ({keys}) instead of the top level",
+                   "experiment files whose first line is # @package _global_",
+                   "add '# @package _global_' as the file's first line", source=where)
 
 
 def compose_experiment(overrides: list[str], *, config_dir: Path = CONF_DIR, config_name: str = CONFIG_NAME):

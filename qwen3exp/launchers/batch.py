@@ -262,7 +262,7 @@ def launch(config, hydra_context, task_function, job_overrides: Sequence[Sequenc
     for i, overrides in enumerate(job_overrides):
         idx = initial_job_idx + i
         label = " ".join(o for o in overrides if not o.startswith("hydra."))
-        context = None if single else f"sweep job #{idx} [{label}]"
+        context = None if single else f"sweep point {idx + 1}/{initial_job_idx + len(job_overrides)} [{label}]"
         try:
             cfg = loader.load_sweep_config(config, list(overrides))
         except Exception as e:  # Hydra's composition errors, as Problems naming the override
