@@ -117,8 +117,10 @@ def job_dir(cfg) -> str:
     return str(Path(str(OmegaConf.select(cfg, "hydra.sweep.dir"))) / subdir)
 
 
-def check_job(cfg, files: HydraFiles, overrides: list[str], *, context: str | None = None) -> Point:
-    """Every check of one job, all problems together, each with the file its value came from."""
+def check_job(cfg, files: HydraFiles, overrides: list[str], *, context: str | None = None,
+              run_dir: str | None = None) -> Point:
+    """Every check of one job, all problems together, each with the file its value came from.
+    `cfg`: the job's composed config (with its hydra node, unless `run_dir` is given)."""
     from qwen3exp.config.compose import experiment_data
     from qwen3exp.config.schema import check_experiment
     from qwen3exp.plan.build import make_plan, section_problems
@@ -133,7 +135,7 @@ def check_job(cfg, files: HydraFiles, overrides: list[str], *, context: str | No
     if exp is None:
         problems = _merge(problems, section_problems(checked.sections, checked.replaced))
     provenance = files.provenance(overrides)
-    run_dir = job_dir(cfg)
+    run_dir = run_dir if run_dir is not None else job_dir(cfg)
     plan = None
     if not problems:
         try:
@@ -384,11 +386,11 @@ def task(cfg) -> dict:
     hc = HydraConfig.get()
     files = HydraFiles(GlobalHydra.instance().config_loader(), str(hc.job.config_name), list(hc.overrides.hydra))
     overrides = list(hc.overrides.task)
+    run_dir = Path(hc.runtime.output_dir)
     try:
-        point = check_job(cfg, files, overrides)
+        point = check_job(cfg, files, overrides, run_dir=str(run_dir))
     except ConfigError as e:  # the config changed since it was checked on the submit host
         print(e.render(), file=sys.stderr, flush=True)
-        run_dir = Path(hc.runtime.output_dir)
         return _record_failure(run_dir, None, EXIT_CONFIG_ERROR, e.render(), 0.0)
     return _run(point.exp, Path(hc.runtime.output_dir), point.plan)
 
