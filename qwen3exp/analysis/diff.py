@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from qwen3exp.run import rundir
 from qwen3exp.errors import EXIT_CONFIG_ERROR
+from qwen3exp.run import rundir
 
 
 class _Absent:
@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     for run in (args.run_a, args.run_b):
         data = rundir.read_experiment(run)
         if data is None:
-            print(f"qwen3exp.analysis.diff: {run} is not a run directory (no readable {rundir.EXPERIMENT})", file=sys.stderr)
+            print(f"qwen3exp.analysis.diff: {run} is not a run directory (no readable {rundir.EXPERIMENT})",
+                  file=sys.stderr)
             return EXIT_CONFIG_ERROR
         exps.append(data)
     changes = differences(*exps)

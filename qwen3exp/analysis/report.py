@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qwen3exp.run import rundir
 from qwen3exp.analysis.diff import show
 from qwen3exp.errors import EXIT_CONFIG_ERROR
+from qwen3exp.run import rundir
 
 REPORT_MD, REPORT_CSV, LOSS_PNG = "report.md", "report.csv", "loss.png"
 METRIC_COLUMNS = ("status", "steps", "final loss", "tokens/s", "peak mem GiB", "wall s")
@@ -130,7 +130,7 @@ def _cell(column: str, value: Any) -> str:
 
 
 def _cells(t: Table) -> list[list[str]]:
-    return [[_cell(c, v) for c, v in zip(t.header, row)] for row in t.rows]
+    return [[_cell(c, v) for c, v in zip(t.header, row, strict=True)] for row in t.rows]
 
 
 def render_terminal(t: Table, *, max_rows: int | None = None, max_cell: int = 48) -> str:
@@ -148,11 +148,12 @@ def render_terminal(t: Table, *, max_rows: int | None = None, max_cell: int = 48
     more = 0
     if max_rows is not None and len(cells) > max_rows:
         more, cells = len(cells) - max_rows, cells[:max_rows]
-    widths = [max(len(x) for x in col) for col in zip(header, *cells)]
+    widths = [max(len(x) for x in col) for col in zip(header, *cells, strict=True)]
     numeric = {i for i, h in enumerate(t.header) if h in ("steps", *_FORMATS)} | ({0} if t.varied else set())
 
     def line(row):
-        return "  ".join(c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+        return "  ".join(c.rjust(w) if i in numeric else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip()
 
     out = [line(header), line(["-" * w for w in widths]), *(line(r) for r in cells)]
     if more:
@@ -186,7 +187,7 @@ def curve_labels(t: Table) -> list[str]:
         return [row[0] for row in t.rows]
     tails = [k.rsplit(".", 1)[-1] for k in t.varied]
     names = tails if len(set(tails)) == len(tails) else t.varied
-    return [" ".join(f"{n}={show(v)}" for n, v in zip(names, row[1:1 + len(t.varied)])) for row in t.rows]
+    return [" ".join(f"{n}={show(v)}" for n, v in zip(names, row[1:1 + len(t.varied)], strict=True)) for row in t.rows]
 
 
 def plot_losses(t: Table, path: Path):
@@ -199,11 +200,11 @@ def plot_losses(t: Table, path: Path):
 
     fig = Figure(figsize=(8, 5), layout="constrained")
     ax = fig.add_subplot()
-    for run, label in zip(t.runs, curve_labels(t)):
+    for run, label in zip(t.runs, curve_labels(t), strict=True):
         points = [(m["step"], m["loss"]) for m in run.metrics if m.get("loss") is not None]
         if not points:
             continue
-        steps, losses = zip(*points)
+        steps, losses = zip(*points, strict=True)
         ax.plot(steps, losses, label=label, marker="o" if len(points) <= 20 else None, markersize=3)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")

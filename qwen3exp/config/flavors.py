@@ -211,7 +211,9 @@ def arch_from_hf_config(cfg: dict, *, backend: str = "native") -> Arch:
     try:
         dim = _positive(cfg, "hidden_size")
         n_heads = _positive(cfg, "num_attention_heads")
-        rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+        rope = cfg.get("rope_parameters")
+        if not isinstance(rope, dict):
+            rope = {}
         # Missing keys take transformers' Qwen3Config defaults, as AutoConfig would.
         theta = float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0)
         moe = None
@@ -321,7 +323,7 @@ def hf_config_from_arch(arch: Arch, base: dict | None = None) -> dict:
         cfg["rope_theta"] = arch.rope_theta
     if "layer_types" in cfg:  # transformers checks its length against num_hidden_layers
         cfg["layer_types"] = ["full_attention"] * arch.n_layers
-    if moe:
+    if arch.moe is not None:
         cfg.pop("num_local_experts", None)
         cfg.update(num_experts=arch.moe.num_experts, num_experts_per_tok=arch.moe.top_k,
                    moe_intermediate_size=arch.moe.hidden_dim, norm_topk_prob=True,

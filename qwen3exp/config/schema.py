@@ -8,14 +8,14 @@ tag (`model.backend`, `platform.name`, ...); pydantic puts the tag into error lo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Union
+from dataclasses import dataclass, replace
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
-from pydantic_core import PydanticUndefined
+from pydantic_core import ErrorDetails, PydanticUndefined
 
-from qwen3exp.errors import ConfigError, MISSING, Problem, did_you_mean, one_of
 from qwen3exp.config.flavors import FLAVORS, Arch
+from qwen3exp.errors import MISSING, ConfigError, Problem, did_you_mean, one_of
 
 
 class _Strict(BaseModel):
@@ -90,7 +90,7 @@ class HFModel(_Strict):
         return None
 
 
-Model = Annotated[Union[NativeModel, HFModel], Field(discriminator="backend")]
+Model = Annotated[NativeModel | HFModel, Field(discriminator="backend")]
 
 
 # ------------------------------------------------------------------------------------ training
@@ -207,7 +207,8 @@ class DcpCheckpoint(_Strict):
     @model_validator(mode="after")
     def _keep(self) -> DcpCheckpoint:
         if self.keep_latest_k == 1:
-            raise ValueError(_tagged("keep_latest_k", 1, "torchtitan keeps at least 2 (the newest may still be writing)",
+            raise ValueError(_tagged("keep_latest_k", 1,
+                                     "torchtitan keeps at least 2 (the newest may still be writing)",
                                      "0 (keep all) or an integer >= 2"))
         return self
 
@@ -244,7 +245,7 @@ class HFRoundtrip(_Strict):
     """dtype of the exported weights."""
 
 
-Checkpoint = Annotated[Union[NoCheckpoint, DcpCheckpoint, HFLoad, HFExport, HFRoundtrip],
+Checkpoint = Annotated[NoCheckpoint | DcpCheckpoint | HFLoad | HFExport | HFRoundtrip,
                        Field(discriminator="kind")]
 
 
@@ -282,6 +283,43 @@ _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 EnvValue = Annotated[str, BeforeValidator(lambda v: str(v) if isinstance(v, int) and not isinstance(v, bool) else v)]
 
 
+@dataclass(frozen=True)
+class NeuronInstance:
+    """Trainium instance facts, for planning without a device and for checking the device count
+    (`qwen3exp.platforms.neuron`), and the instance types `platform.instance_type` accepts.
+
+    Sources: AWS's Trainium2 architecture pages as summarised in the project's notes: a Trainium2
+    chip has 8 physical NeuronCore-v3 and 96 GiB of HBM; a trn2.48xlarge has 16 chips, i.e. 128
+    physical cores, which the runtime shows as 64 logical cores at LNC=2 (24 GiB each) and 128 at
+    LNC=1 (12 GiB each). TorchNeuron (torch-neuronx 2.13/2.14 "native") supports Trn2 and Trn3
+    only; Trn3 numbers are not in the notes, so Trn3 users set platform.cores_per_node and
+    platform.hbm_per_core_gib on top of the closest entry."""
+
+    chips: int
+    physical_cores_per_chip: int
+    hbm_per_chip_gib: float
+    bf16_flops_per_physical_core: float
+    """TensorEngine peak (torchtitan's table: 79 TFLOP/s per NeuronCore-v3)."""
+    device_name: str
+    """What torch.neuron.get_device_properties().name reports for the chip."""
+
+    def logical_cores(self, lnc: int) -> int:
+        return self.chips * self.physical_cores_per_chip // lnc
+
+    def hbm_per_logical_core_gib(self, lnc: int) -> float:
+        return self.hbm_per_chip_gib * lnc / self.physical_cores_per_chip
+
+
+_TRN2 = NeuronInstance(chips=1, physical_cores_per_chip=8, hbm_per_chip_gib=96.0, bf16_flops_per_physical_core=79e12,
+                       device_name="trn2")
+
+INSTANCES: dict[str, NeuronInstance] = {
+    "trn2.3xlarge": _TRN2,
+    "trn2.48xlarge": replace(_TRN2, chips=16),
+    "trn2u.48xlarge": replace(_TRN2, chips=16),
+}
+
+
 class NeuronPlatform(_Strict):
     name: Literal["neuron"] = "neuron"
     lnc: Literal[1, 2] = 2
@@ -304,17 +342,18 @@ class NeuronPlatform(_Strict):
     def _neuron(self) -> NeuronPlatform:
         import re
 
-        from qwen3exp.platforms.neuron_instances import INSTANCES
-
         problems = []
         if self.instance_type not in INSTANCES:
             problems.append(_tagged("instance_type", self.instance_type, "unknown Neuron instance type",
                                     one_of(INSTANCES), did_you_mean(self.instance_type, list(INSTANCES))
-                                    or "pick the closest one and set platform.cores_per_node and platform.hbm_per_core_gib"))
-        owned = {"NEURON_LOGICAL_NC_CONFIG": "platform.lnc", "TORCH_NEURONX_NEFF_CACHE_DIR": "platform.compile_cache_dir"}
+                                    or "pick the closest one and set platform.cores_per_node and "
+                                       "platform.hbm_per_core_gib"))
+        owned = {"NEURON_LOGICAL_NC_CONFIG": "platform.lnc",
+                 "TORCH_NEURONX_NEFF_CACHE_DIR": "platform.compile_cache_dir"}
         for key in self.runtime_env:
             if not re.match(_ENV_NAME, key):
-                problems.append(_tagged(f"platform.runtime_env.{key}", self.runtime_env[key], "not an environment variable name",
+                problems.append(_tagged(f"platform.runtime_env.{key}", self.runtime_env[key],
+                                        "not an environment variable name",
                                         "letters, digits and _ (not starting with a digit)"))
             elif key in owned:
                 problems.append(_tagged(f"platform.runtime_env.{key}", self.runtime_env[key], f"is set by {owned[key]}",
@@ -324,7 +363,7 @@ class NeuronPlatform(_Strict):
         return self
 
 
-Platform = Annotated[Union[AutoPlatform, CpuPlatform, CudaPlatform, NeuronPlatform], Field(discriminator="name")]
+Platform = Annotated[AutoPlatform | CpuPlatform | CudaPlatform | NeuronPlatform, Field(discriminator="name")]
 
 
 # ---------------------------------------------------------------------------------------- data
@@ -341,7 +380,7 @@ class LocalData(_Strict):
     text_field: str = "text"
 
 
-Data = Annotated[Union[BundledData, LocalData], Field(discriminator="source")]
+Data = Annotated[BundledData | LocalData, Field(discriminator="source")]
 
 
 # ------------------------------------------------------------------------------------ launcher
@@ -379,7 +418,7 @@ class LocalLauncher(_Strict):
         return self
 
 
-SbatchValue = Union[str, int, bool]
+SbatchValue = str | int | bool
 
 
 class SlurmLauncher(_Strict):
@@ -426,7 +465,7 @@ class SlurmLauncher(_Strict):
         return self
 
 
-Launcher = Annotated[Union[LocalLauncher, SlurmLauncher], Field(discriminator="kind")]
+Launcher = Annotated[LocalLauncher | SlurmLauncher, Field(discriminator="kind")]
 
 
 # ------------------------------------------------------------------------------------- metrics
@@ -490,6 +529,12 @@ def cross_field_problems(model: Any, training: Training | None, parallelism: Par
                                             f"flavor {model.flavor}")
 
 
+LOSS_CHUNKS = 8
+"""The chunks torchtitan's `ChunkedLossWrapper` cuts a rank's tokens into (`to_torchtitan` keeps
+num_chunks=8): seq_len / cp must divide by it (`sequence_problems`), and the loss logits of one
+chunk are what the memory estimate counts (`qwen3exp.plan.memory`)."""
+
+
 def sequence_problems(training: Training | None, parallelism: Parallelism | None) -> list[Problem]:
     """`training.seq_len` against the degrees that cut the sequence, as torchtitan 0.3.0 checks them
     inside a rank (after the workers started):
@@ -504,8 +549,6 @@ def sequence_problems(training: Training | None, parallelism: Parallelism | None
     This function reports the loss and cp part (which needs no model); `section_arch_problems` the
     tensor-parallel part, once tp fits the model's heads (a tp that is wrong anyway is one mistake,
     not two)."""
-    from qwen3exp.plan.memory import LOSS_CHUNKS
-
     if training is None or parallelism is None:
         return []
     if training.seq_len % (LOSS_CHUNKS * parallelism.cp) == 0:
@@ -517,8 +560,6 @@ def _seq_len_problem(seq: int, tp: int, cp: int) -> Problem:
     """The one problem about seq_len and the degrees, whichever part failed, with the value that
     satisfies every part (see `sequence_problems`)."""
     import math
-
-    from qwen3exp.plan.memory import LOSS_CHUNKS
 
     sharded = tp * (2 * cp if cp > 1 else 1)
     divisor = math.lcm(LOSS_CHUNKS * cp, sharded)
@@ -579,7 +620,8 @@ def section_arch_problems(model: Any, training: Training | None, parallelism: Pa
         if arch.moe is not None and parallelism.ep > 1 and arch.moe.num_experts % parallelism.ep:
             problems.append(Problem("parallelism.ep", parallelism.ep,
                                     f"does not divide the number of experts ({arch.moe.num_experts}, {origin})",
-                                    f"{one_of(_divisors(arch.moe.num_experts))} (the divisors of {arch.moe.num_experts})"))
+                                    f"{one_of(_divisors(arch.moe.num_experts))} "
+                                    f"(the divisors of {arch.moe.num_experts})"))
         if arch.moe is None and parallelism.ep > 1:
             problems.append(Problem("parallelism.ep", parallelism.ep,
                                     f"expert parallelism needs an MoE model; {origin} is dense", "1"))
@@ -597,7 +639,8 @@ def section_arch_problems(model: Any, training: Training | None, parallelism: Pa
         problems.append(Problem("model.num_experts", num_experts, f"{origin} has only {base.moe.num_experts} experts",
                                 f"1..{base.moe.num_experts}"))
     if base.moe is not None and arch.moe is not None and arch.moe.top_k > arch.moe.num_experts:
-        problems.append(Problem("model.top_k", arch.moe.top_k, f"exceeds the number of experts ({arch.moe.num_experts})",
+        problems.append(Problem("model.top_k", arch.moe.top_k,
+                                f"exceeds the number of experts ({arch.moe.num_experts})",
                                 f"1..{arch.moe.num_experts}"))
     return problems
 
@@ -681,7 +724,7 @@ def _value_at(data: Any, key: str) -> Any:
     return cur
 
 
-def _allowed_for(err: dict) -> str | None:
+def _allowed_for(err: ErrorDetails) -> str | None:
     ctx = err.get("ctx") or {}
     t = err["type"]
     if t == "literal_error":
@@ -756,8 +799,6 @@ def _first_model(ann: Any) -> Any:
         m = _first_model(arg)
         if m is not None:
             return m
-    for meta in getattr(ann, "__metadata__", ()) or ():
-        pass
     origin = getattr(ann, "__origin__", None)
     if origin is not None:
         return _first_model(origin)
@@ -793,7 +834,7 @@ def problems_from_validation(e: ValidationError, data: dict, prefix: str | None 
     return out
 
 
-def _value_hint(err: dict, value: Any) -> str | None:
+def _value_hint(err: ErrorDetails, value: Any) -> str | None:
     """'did you mean cosine?' for a misspelt choice."""
     import re
 
@@ -869,4 +910,5 @@ def validate_experiment(data: dict, *, context: str | None = None) -> Experiment
     checked = check_experiment(data)
     if checked.problems:
         raise ConfigError(checked.problems, context=context)
+    assert checked.exp is not None, "check_experiment found no problem, so it built the Experiment"
     return checked.exp

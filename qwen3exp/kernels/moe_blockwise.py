@@ -28,6 +28,7 @@ torch.compile / AOT autograd with fake tensors.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
@@ -97,7 +98,7 @@ def route_grouped(num_tokens_per_expert: Tensor, *, num_rows: int, block_size: i
 
 # --------------------------------------------------------------------------- PyTorch implementation
 def _aligned(t: Tensor) -> bool:
-    return all(st * t.element_size() % 16 == 0 for st, n in zip(t.stride(), t.shape) if st != 1 and n > 1)
+    return all(st * t.element_size() % 16 == 0 for st, n in zip(t.stride(), t.shape, strict=True) if st != 1 and n > 1)
 
 
 def _grouped_mm(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
@@ -109,8 +110,8 @@ def _grouped_mm(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
     # float64 (gradcheck) and devices without a grouped GEMM for this dtype: one matmul per group.
     bounds = [0, *offs.tolist()]
     if b.dim() == 3:
-        return torch.cat([a[s:e] @ b[g] for g, (s, e) in enumerate(zip(bounds, bounds[1:]))], 0)
-    return torch.stack([a[:, s:e] @ b[s:e] for s, e in zip(bounds, bounds[1:])], 0)
+        return torch.cat([a[s:e] @ b[g] for g, (s, e) in enumerate(pairwise(bounds))], 0)
+    return torch.stack([a[:, s:e] @ b[s:e] for s, e in pairwise(bounds)], 0)
 
 
 @dataclass(frozen=True)

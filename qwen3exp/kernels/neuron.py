@@ -105,8 +105,7 @@ def check_moe(*, block_size: int, hidden: int, lnc: int) -> None:
 
 def moe_cte(hidden, affinities, gate_up, down, token_position_to_id, block_to_expert, *, block_size: int, lnc: int):
     """Forward with activation checkpointing -> (output[T+1, H], gate_up_T[N, 2, I, B], down[N, B, H])."""
-    from nkilib.core.moe.moe_cte.moe_cte import MoECTEImplementation, MoECTESpec, ShardOnIConfig
-    from nkilib.core.moe.moe_cte.moe_cte import moe_cte as kernel
+    from nkilib.core.moe.moe_cte.moe_cte import MoECTEImplementation, MoECTESpec, ShardOnIConfig, moe_cte as kernel
 
     check_moe(block_size=block_size, hidden=hidden.shape[-1], lnc=lnc)
     n_blocks = block_to_expert.shape[0]
@@ -135,4 +134,4 @@ def blockwise_mm_bwd(grad_out, hidden, affinities, gate_up, down, gate_up_t, dow
         block_size, affinity_option=AffinityOption.AFFINITY_ON_H, kernel_type_option=KernelTypeOption.DROPLESS)
     # Gradients come back contiguous; the operator promises the strides of its inputs.
     return tuple(g if g.stride() == t.stride() else torch.empty_like(t).copy_(g)
-                 for g, t in zip(grads[:4], (hidden, affinities, gate_up, down)))
+                 for g, t in zip(grads[:4], (hidden, affinities, gate_up, down), strict=True))

@@ -1,9 +1,9 @@
 """Pre-launch checks of the data an experiment reads (the model's files: `qwen3exp.plan.model_files`).
 
-The path exists and holds data files the loader (`qwen3exp.titan.dataset`, which hands the files to
-`datasets`' "text" or "json" builder) reads, and the first records of each file are what that
-loader accepts, so an empty, binary or malformed file is refused before any worker starts, with the
-file and the line:
+The path exists and holds data files the loader (`qwen3exp.titan.dataset`, which hands the files
+`data_files` lists to `datasets`' "text" or "json" builder) reads, and the first records of each
+file are what that loader accepts, so an empty, binary or malformed file is refused before any
+worker starts, with the file and the line:
 - every file: not empty, UTF-8;
 - .txt (all files .txt: the "text" builder, one document per blank-line separated paragraph): some
   text that is not whitespace, no NUL bytes (a binary file);
@@ -25,23 +25,34 @@ import json
 from pathlib import Path
 
 from qwen3exp.errors import Problem, did_you_mean, nearby_path
+from qwen3exp.units import MIB
 
 MAX_FILES = 32
 """Files checked (in the loader's order); the rest are only listed by the loader."""
 MAX_LINES = 100
 """Records (lines, or array elements) checked per file."""
-READ_BYTES = 1 * 2**20
+READ_BYTES = 1 * MIB
 """Bytes read per file (after the line that crosses this limit, reading stops)."""
-MAX_LINE_BYTES = 16 * 2**20
+MAX_LINE_BYTES = 16 * MIB
 """The longest line read whole (a longer one is checked for UTF-8 only)."""
 MAX_REPORTED = 5
 """Files with a problem reported one by one before the rest are counted."""
+SUFFIXES = (".jsonl", ".json", ".txt")
+"""The file types the loader reads (a folder's other files are ignored)."""
+
+
+def data_files(path: str | Path) -> list[str]:
+    """The files the loader reads for data.path, in its order: the file itself, or a folder's files
+    with one of `SUFFIXES`, recursively, sorted. Plain Python: `qwen3exp.titan.dataset` hands this
+    list to `datasets`, and the checks here read the same list."""
+    p = Path(path)
+    if p.is_file():
+        return [str(p)]
+    return sorted(str(f) for f in p.rglob("*") if f.suffix in SUFFIXES and f.is_file())
 
 
 def data_problems(data) -> list[Problem]:
     """data.path exists and holds data files whose first records the loader accepts."""
-    from qwen3exp.titan.dataset import SUFFIXES, data_files  # plain Python; no torchtitan import
-
     match data.source:
         case "bundled":
             return []

@@ -55,10 +55,11 @@ import math
 from dataclasses import asdict, dataclass
 
 from qwen3exp.config.flavors import Arch
+from qwen3exp.config.schema import LOSS_CHUNKS
+from qwen3exp.units import gib as gib  # re-exported: plan/build.py prints through `memory.gib`
 
 USABLE_FRACTION = 0.9
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-LOSS_CHUNKS = 8
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,3 @@ def estimate(arch: Arch, g: Degrees, *, local_batch_size: int, seq_len: int, par
                   activations=acts, total=total, budget=budget, usable=usable, headroom=usable - total,
                   fits=total <= usable, param_dtype=param_dtype, compute_dtype=compute_dtype,
                   activation_checkpoint=activation_checkpoint, tokens_per_microbatch=tokens)
-
-
-def gib(n: int | float) -> str:
-    return f"{n / 2**30:.2f} GiB"

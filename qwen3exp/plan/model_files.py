@@ -15,19 +15,30 @@ torchtitan).
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 from qwen3exp.assets import TOKENIZER_DIR
+from qwen3exp.config.flavors import (
+    FLAVORS,
+    HF_ARCHITECTURES,
+    HF_KEYS,
+    Arch,
+    HFConfigError,
+    arch_differences,
+    arch_from_hf_config,
+    hf_param_shapes,
+    read_hf_config,
+)
+from qwen3exp.config.schema import Experiment, HFLoad, HFRoundtrip, arch_problems
 from qwen3exp.errors import ConfigError, Problem, nearby_path
-from qwen3exp.config.flavors import (FLAVORS, HF_ARCHITECTURES, HF_KEYS, Arch, HFConfigError, arch_differences,
-                              arch_from_hf_config, hf_param_shapes, read_hf_config)
-from qwen3exp.config.schema import Experiment, arch_problems
+from qwen3exp.units import GIB, MIB
 
 CONFIG_JSON = "config.json"
 INDEX_JSON = "model.safetensors.index.json"
+NOT_LOCAL = "is neither a local folder nor in the local Hugging Face cache (nothing is downloaded)"
 MAX_LISTED = 5
 """Missing or mis-shaped tensors listed one by one before the rest are counted."""
 
@@ -48,18 +59,25 @@ def assets_folder(exp: Experiment) -> Path:
     return Path(exp.model.hf_assets_path).expanduser().resolve() if exp.model.hf_assets_path else TOKENIZER_DIR
 
 
+def checkpoint_path(exp: Experiment) -> str | None:
+    """checkpoint.path of the kinds that load a Hugging Face folder (hf_load, hf_roundtrip; None: the
+    model's own folder), None for the others."""
+    c = exp.checkpoint
+    return c.path if isinstance(c, HFLoad | HFRoundtrip) else None
+
+
 def weights_folder(exp: Experiment) -> Path | None:
     """The folder loaded at step 0, or None when training starts from random weights."""
     match exp.checkpoint.kind:
         case "hf_load" | "hf_roundtrip":
-            path = exp.checkpoint.path
+            path = checkpoint_path(exp)
             return Path(path).expanduser().resolve() if path else assets_folder(exp)
     return None
 
 
 def hf_model_folder(exp: Experiment) -> tuple[str, Path | None]:
     """model=hf: (what AutoConfig is given, the folder holding its config.json or None if absent)."""
-    name = exp.model.hf_model
+    name = exp.model.hf_model if exp.model.backend == "hf" else None
     if name is None:
         folder = assets_folder(exp)
         return str(folder), folder
@@ -79,9 +97,15 @@ def hf_model_folder(exp: Experiment) -> tuple[str, Path | None]:
 def resolve_arch(exp: Experiment) -> Arch:
     """The trained architecture, without the checks (ranks rebuild it after `check` passed)."""
     m = exp.model
-    if m.backend == "native" and m.flavor != "auto":
-        return m.arch()
-    folder = hf_model_folder(exp)[1] if m.backend == "hf" else assets_folder(exp)
+    known = m.arch()  # a native flavor other than auto: no file to read
+    if known is not None:
+        return known
+    if m.backend == "hf":
+        name, folder = hf_model_folder(exp)
+        if folder is None:  # `check` refuses this before launch, with the same message
+            raise ConfigError([Problem("model.hf_model", name, NOT_LOCAL, f"a folder with a Qwen3 {CONFIG_JSON}")])
+    else:
+        folder = assets_folder(exp)
     arch = arch_from_hf_config(read_hf_config(folder), backend=m.backend)
     if m.backend == "native":
         arch = arch.reduced(n_layers=m.n_layers, num_experts=m.num_experts, top_k=m.top_k)
@@ -94,7 +118,8 @@ def check(exp: Experiment) -> ModelFiles:
     folder = assets_folder(exp)
     key = "model.hf_assets_path"
     if not folder.is_dir():
-        raise ConfigError([Problem(key, str(folder), "is a file, not a folder" if folder.exists() else "folder does not exist",
+        raise ConfigError([Problem(key, str(folder),
+                                   "is a file, not a folder" if folder.exists() else "folder does not exist",
                                    "a local folder with tokenizer files (and config.json, safetensors)",
                                    nearby_path(folder))])
     problems += remote_code_problems(exp)
@@ -112,7 +137,7 @@ def check(exp: Experiment) -> ModelFiles:
     problems += _tokenizer_problems(folder, arch)
     weights = weights_folder(exp)
     if weights is not None:
-        wkey = "checkpoint.path" if exp.checkpoint.path else key
+        wkey = "checkpoint.path" if checkpoint_path(exp) else key
         problems += _weights_problems(wkey, weights, arch, exact=(arch == base))
     if problems:
         raise ConfigError(problems)
@@ -122,8 +147,7 @@ def check(exp: Experiment) -> ModelFiles:
 def _read_config(key: str, value: str, folder: Path | None, problems: list[Problem]) -> dict | None:
     path = folder / CONFIG_JSON if folder is not None else None
     if path is None or not path.is_file():
-        problems.append(Problem(key, value, f"holds no {CONFIG_JSON}" if folder else
-                                "is neither a local folder nor in the local Hugging Face cache (nothing is downloaded)",
+        problems.append(Problem(key, value, f"holds no {CONFIG_JSON}" if folder else NOT_LOCAL,
                                 f"a folder with a Qwen3 {CONFIG_JSON}"))
         return None
     try:
@@ -151,12 +175,14 @@ def remote_code_problems(exp: Experiment) -> list[Problem]:
     checkpoint.path) whose config.json has an `auto_map`: the entry through which transformers
     imports and runs Python files shipped in the folder (trust_remote_code). qwen3exp reads model
     folders as data only, so such a folder is refused before anything starts."""
-    folders: list[tuple[str, str, Path | None]] = [("model.hf_assets_path", str(assets_folder(exp)), assets_folder(exp))]
+    folders: list[tuple[str, str, Path | None]] = [
+        ("model.hf_assets_path", str(assets_folder(exp)), assets_folder(exp))]
     if exp.model.backend == "hf" and exp.model.hf_model is not None:
         name, folder = hf_model_folder(exp)
         folders.append(("model.hf_model", name, folder))
-    if weights_folder(exp) is not None and exp.checkpoint.path:
-        folders.append(("checkpoint.path", exp.checkpoint.path, weights_folder(exp)))
+    ckpt = checkpoint_path(exp)
+    if weights_folder(exp) is not None and ckpt:
+        folders.append(("checkpoint.path", ckpt, weights_folder(exp)))
     problems, seen = [], set()
     for key, value, folder in folders:
         path = folder / CONFIG_JSON if folder is not None else None
@@ -283,11 +309,11 @@ FLOAT_DTYPES: dict[str, tuple[str, int]] = {
     "F64": ("<u8", 0x7FF0000000000000), "F32": ("<u4", 0x7F800000), "F16": ("<u2", 0x7C00),
     "BF16": ("<u2", 0x7F80), "F8_E5M2": ("u1", 0x7C), "F8_E4M3": ("u1", 0x7F),
 }
-SCAN_BUDGET_BYTES = 256 * 2**20
+SCAN_BUDGET_BYTES = 256 * MIB
 """Bytes of tensor data `nonfinite_tensors` reads: checkpoints up to this size are scanned whole."""
 SCAN_BLOCK_BYTES = 64 * 2**10
 """Larger checkpoints: each tensor contributes evenly spaced blocks of this size (at least one)."""
-_SLICE = 16 * 2**20  # bytes tested at a time, so the scan's temporary arrays stay small
+_SLICE = 16 * MIB  # bytes tested at a time, so the scan's temporary arrays stay small
 
 
 @dataclass(frozen=True)
@@ -346,7 +372,7 @@ def nonfinite_tensors(entries: list[TensorEntry], *, budget: int = SCAN_BUDGET_B
     total = sum(e.nbytes for e in entries)
     scanned, bad = 0, []
     buffer = bytearray(min(_SLICE, max((e.nbytes for e in entries), default=0)))
-    files: dict[Path, BinaryIO] = {}
+    files: dict[Path, io.FileIO] = {}
     try:
         for e in entries:
             word, mask = FLOAT_DTYPES[e.dtype]
@@ -395,7 +421,8 @@ def _value_problems(key: str, folder: Path, files: list[Path], names: list[str])
                                 "unquantised (bf16 / fp32) release"))
     bad, scanned, total = nonfinite_tensors(wanted)
     if bad:
-        how = "every value" if scanned >= total else f"a fixed sample of {scanned / 2**20:.0f} MiB of {total / 2**30:.2f} GiB"
+        how = ("every value" if scanned >= total
+               else f"a fixed sample of {scanned / MIB:.0f} MiB of {total / GIB:.2f} GiB")
         problems.append(Problem(key, str(folder), f"tensors holding NaN or Inf values: {_listed(bad)} (scanned {how})",
                                 "weights whose values are all finite",
                                 "the checkpoint is damaged or was saved after training diverged"))
@@ -421,7 +448,8 @@ def _weights_problems(key: str, folder: Path, arch: Arch, *, exact: bool) -> lis
                         *((("tensors the model does not have", extra),) if exact else ())):
         if names:
             msgs.append(f"{what}: {_listed(names)}")
-    problems = [Problem(key, str(folder), m, "a folder whose safetensors hold every tensor the model needs, with its shape",
+    problems = [Problem(key, str(folder), m,
+                        "a folder whose safetensors hold every tensor the model needs, with its shape",
                         hint="the checkpoint does not match the model's dimensions") for m in msgs]
     try:
         problems += _value_problems(key, folder, files, [n for n in need if n in shapes])

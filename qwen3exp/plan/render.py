@@ -10,6 +10,9 @@ import shlex
 import sys
 
 from qwen3exp.plan import memory
+from qwen3exp.units import human_bytes as _human
+
+
 def print_plans(points, out=None) -> int:
     out = out or sys.stdout
     first_table = None
@@ -22,13 +25,6 @@ def print_plans(points, out=None) -> int:
         if first_table is None:
             first_table = table
     return 0
-
-
-def _human(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
 
 
 def _count(n: int) -> str:
@@ -74,7 +70,8 @@ def render(plan, provenance_diff=None) -> str:
     env = {**f.env, **{k: f"{plan.run_dir}/{v}" for k, v in f.run_dir_env.items()}}
     if env:
         add(f"rank env:   {' '.join(f'{k}={v}' for k, v in env.items())}")
-    add(f"mesh:       {m.nnodes} node(s) x {m.nproc_per_node} ranks per node ({m.nproc_from}) = world size {m.world_size}")
+    add(f"mesh:       {m.nnodes} node(s) x {m.nproc_per_node} ranks per node ({m.nproc_from}) "
+        f"= world size {m.world_size}")
     add(f"            dp_replicate {m.dp_replicate} x dp_shard {m.dp_shard} x tp {m.tp} x pp {m.pp} x cp {m.cp}"
         f" (ep {m.ep});  dp_shard: {m.dp_shard_from}")
 
@@ -83,7 +80,8 @@ def render(plan, provenance_diff=None) -> str:
     moe = f", MoE {a.moe.num_experts} experts top-{a.moe.top_k} (expert hidden {a.moe.hidden_dim})" if a.moe else \
         f", FFN hidden {a.hidden_dim}"
     add(f"model:      {a.n_layers} layers, dim {a.dim}, heads {a.n_heads}/{a.n_kv_heads} kv x {a.head_dim}{moe}, "
-        f"vocab {a.vocab_size}{', tied embeddings' if a.tied else ''}, max seq {a.max_seq_len}, rope theta {a.rope_theta:g}")
+        f"vocab {a.vocab_size}{', tied embeddings' if a.tied else ''}, max seq {a.max_seq_len}, "
+        f"rope theta {a.rope_theta:g}")
     add(f"parameters: total {_count(p.total)}")
     if p.is_moe:
         add(f"            active per token {_count(p.active_per_token)}")
@@ -93,11 +91,12 @@ def render(plan, provenance_diff=None) -> str:
     # --- memory
     mem = plan.memory
     verdict = "fits" if mem.fits else "DOES NOT FIT"
-    add(f"memory per rank (estimate; the formula is in qwen3exp/memory.py):")
+    add("memory per rank (estimate; the formula is in qwen3exp/plan/memory.py):")
     add(f"  parameters     {_human(mem.parameters):>12}   {mem.param_dtype}")
     add(f"  gradients      {_human(mem.gradients):>12}   {mem.param_dtype}")
     add(f"  optimizer      {_human(mem.optimizer):>12}   AdamW, 2 states, {mem.param_dtype}")
-    add(f"  FSDP buffers   {_human(mem.fsdp_buffers):>12}   largest unit all-gathered twice in {mem.compute_dtype} + float32 grads")
+    add(f"  FSDP buffers   {_human(mem.fsdp_buffers):>12}   largest unit all-gathered twice in {mem.compute_dtype}"
+        " + float32 grads")
     add(f"  activations    {_human(mem.activations):>12}   {mem.tokens_per_microbatch} tokens per micro-batch, "
         f"{mem.compute_dtype}, activation_checkpoint={mem.activation_checkpoint}")
     add(f"  total          {_human(mem.total):>12}   of {_human(mem.usable)} usable "

@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from urllib.parse import urlparse
 
-from qwen3exp.errors import Problem
 from qwen3exp.config.schema import Experiment
+from qwen3exp.errors import Problem
 
 _NO_LOGIN_MODES = ("offline", "disabled", "dryrun")
 
@@ -33,7 +33,8 @@ def check(exp: Experiment) -> list[Problem]:
     return [Problem("metrics.wandb", True,
                     "W&B is not logged in (no WANDB_API_KEY, no ~/.netrc entry) and WANDB_MODE is not offline; "
                     "torchtitan would drop the W&B logger with one log line",
-                    hint="run `wandb login`, set WANDB_API_KEY, or set WANDB_MODE=offline (files stay in the run directory)")]
+                    hint="run `wandb login`, set WANDB_API_KEY, or set WANDB_MODE=offline "
+                         "(files stay in the run directory)")]
 
 
 def _netrc_has(host: str | None) -> bool:

@@ -4,11 +4,13 @@
 subprocess only where a device may exist) and turns the validated platform section into
 `PlatformFacts`: the device, the distributed backend, ranks per node, memory per rank, the attention
 kernel and the environment for the ranks. `experiment_problems()` lists the rules that need the
-platform; `host_problems()` what the ranks need from this host (CPU memory and cores). `prepare_worker()` runs first thing in each rank, before torchtitan is imported, because
-torchtitan binds the device type at import time.
+platform; `host_problems()` what the ranks need from this host (CPU memory and cores).
+`prepare_worker()` runs first thing in each rank, before torchtitan is imported, because torchtitan
+binds the device type at import time.
 
-Modules: `cpu`, `cuda`, `neuron` (one per platform), `probe` (finding devices), `neuron_instances`
-(Trainium hardware table).
+Modules: `cpu`, `cuda`, `neuron` (one per platform), `probe` (finding devices). The Trainium
+hardware table (`INSTANCES`) is in `qwen3exp.config.schema`, which validates platform.instance_type
+against it.
 """
 
 from __future__ import annotations
@@ -78,8 +80,8 @@ def resolve(platform, *, nproc_per_node: int | None = None, dry_run: bool = Fals
 
 def _auto(nproc_per_node: int | None, dry_run: bool) -> PlatformFacts:
     """cuda if torch sees a GPU, else neuron if torch_neuronx is usable, else cpu; says why."""
-    from qwen3exp.platforms import cpu, cuda, neuron, probe
     from qwen3exp.config.schema import CpuPlatform, CudaPlatform, NeuronPlatform
+    from qwen3exp.platforms import cpu, cuda, neuron, probe
 
     why: list[str] = []
     hint = probe.cuda_hint()
@@ -103,7 +105,8 @@ def _auto(nproc_per_node: int | None, dry_run: bool) -> PlatformFacts:
         if info.get("importable") and info.get("available") and info.get("count", 0) > 0:
             return neuron.facts(cfg, nproc_per_node=nproc_per_node, dry_run=False,
                                 reason=f"platform=auto: {info['count']} NeuronCore(s) visible ({info.get('name')})")
-        why.append(f"{hint} but no NeuronCore is usable ({info.get('error') or 'torch.neuron.is_available() is False'})")
+        why.append(f"{hint} but no NeuronCore is usable "
+                   f"({info.get('error') or 'torch.neuron.is_available() is False'})")
     return cpu.facts(CpuPlatform(), nproc_per_node=nproc_per_node,
                      reason="platform=auto: " + "; ".join(why) + ": using cpu")
 

@@ -24,11 +24,13 @@ than cores is slow (the plan warns); more than `OVERSUBSCRIPTION_LIMIT` threads 
 
 from __future__ import annotations
 
+import functools
 import os
 import platform as _platform
 
 from qwen3exp.errors import Problem
 from qwen3exp.platforms import PlatformFacts
+from qwen3exp.units import GIB, MIB, gib
 
 # Measured once on the development host (2 cores, 24 GiB, torch 2.x, torchtitan 0.3.0, Python 3.11):
 # - `python -c "import torch, torchtitan.trainer"`: VmRSS 831 MiB = 485 MiB private (Anonymous in
@@ -37,9 +39,9 @@ from qwen3exp.platforms import PlatformFacts
 #   /proc/<pid>/smaps_rollup at steps 20-32: VmRSS ~990 MiB = ~610 MiB Anonymous + ~375 MiB
 #   Shared_Clean; the torchrun agent: VmRSS ~512 MiB (~283 MiB Anonymous).
 # Private memory is paid per rank; the shared libraries once per node (the page cache shares them).
-RANK_RUNTIME_BYTES = 600 * 2**20
+RANK_RUNTIME_BYTES = 600 * MIB
 """Private memory of one CPU rank beyond its plan (~610 MiB measured, less the tiny plan, rounded up)."""
-NODE_RUNTIME_BYTES = 900 * 2**20
+NODE_RUNTIME_BYTES = 900 * MIB
 """Once per node: the shared libraries of the ranks (~375 MiB) and the torchrun agent (~512 MiB)."""
 OVERSUBSCRIPTION_LIMIT = 4
 """Threads per core beyond which a CPU launch is refused (from 1 it is a warning: slow, but it works)."""
@@ -68,8 +70,6 @@ def host_problems(facts: PlatformFacts, *, ranks: int, plan_bytes_per_rank: int 
     the key ranks per node came from; `threads_given`: platform.threads_per_rank was set;
     `plan_bytes_per_rank` None: the plan does not fit its per-rank budget (already a problem), so
     the host's memory is not checked again."""
-    from qwen3exp.plan.memory import gib
-
     problems: list[Problem] = []
     available = available_memory()
     per_rank = RANK_RUNTIME_BYTES + (plan_bytes_per_rank or 0)
@@ -114,7 +114,7 @@ def facts(cfg, *, nproc_per_node: int | None, reason: str) -> PlatformFacts:
     ranks = nproc_per_node or cfg.ranks_per_node
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = cfg.threads_per_rank or max(1, cores // ranks)
-    mem = (int(cfg.memory_per_rank_gib * 2**30) if cfg.memory_per_rank_gib
+    mem = (int(cfg.memory_per_rank_gib * GIB) if cfg.memory_per_rank_gib
            else _physical_memory() // ranks)
     return PlatformFacts(
         name="cpu",
@@ -213,6 +213,9 @@ def prepare_worker(facts: PlatformFacts) -> None:
     module = CpuDeviceModule()
     original = torch._utils._get_device_module
     torch._utils._get_available_device_type = lambda: "cpu"
-    torch._utils._get_device_module = lambda device_type=None: (
-        module if device_type in (None, "cpu") else original(device_type)
-    )
+
+    def device_module(device_type=None):
+        return module if device_type in (None, "cpu") else original(device_type)
+
+    # Cached like torch's own (functools.lru_cache(2)), so it is the same kind of object.
+    torch._utils._get_device_module = functools.lru_cache(2)(device_module)

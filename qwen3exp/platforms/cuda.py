@@ -15,21 +15,23 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from qwen3exp.errors import ConfigError, Problem
 from qwen3exp.platforms import PlatformFacts
+from qwen3exp.units import GIB
 
 
 def facts(cfg, *, nproc_per_node: int | None, dry_run: bool, reason: str) -> PlatformFacts:
     from qwen3exp.platforms import probe
 
     hint = probe.cuda_hint()
-    info = probe.probe("cuda") if hint else {"error": "no /dev/nvidia* device"}
+    info: dict[str, Any] = probe.probe("cuda") if hint else {"error": "no /dev/nvidia* device"}
     count = int(info.get("count") or 0) if info.get("available") else 0
     if count:
         checked = True
         ranks = cfg.gpus_per_node or count
-        memory = int(cfg.memory_per_gpu_gib * 2**30) if cfg.memory_per_gpu_gib else int(info["total_memory"])
+        memory = int(cfg.memory_per_gpu_gib * GIB) if cfg.memory_per_gpu_gib else int(info["total_memory"])
         name, peak = info.get("name"), info.get("peak_flops")
         reason += f"; {count} GPU(s) checked ({name})"
         if ranks > count:
@@ -38,13 +40,15 @@ def facts(cfg, *, nproc_per_node: int | None, dry_run: bool, reason: str) -> Pla
     elif dry_run:
         checked, name, peak = False, None, None
         ranks = cfg.gpus_per_node or cfg.assumed_gpus_per_node
-        memory = int((cfg.memory_per_gpu_gib or cfg.assumed_memory_gib) * 2**30)
+        memory = int((cfg.memory_per_gpu_gib or cfg.assumed_memory_gib) * GIB)
         reason += (f"; device not checked (dry run, {info.get('error') or 'no CUDA GPU visible'}): planned with "
-                   f"{ranks} GPU(s) of {memory / 2**30:.0f} GiB")
+                   f"{ranks} GPU(s) of {memory / GIB:.0f} GiB")
     else:
         raise ConfigError([Problem(
-            "platform", "cuda", f"no CUDA GPU is usable here ({info.get('error') or 'torch.cuda.is_available() is False'})",
-            "auto, cpu, cuda, neuron", "use platform=auto or platform=cpu here; dry_run=true plans a GPU run without one")])
+            "platform", "cuda",
+            f"no CUDA GPU is usable here ({info.get('error') or 'torch.cuda.is_available() is False'})",
+            "auto, cpu, cuda, neuron",
+            "use platform=auto or platform=cpu here; dry_run=true plans a GPU run without one")])
     return PlatformFacts(
         name="cuda",
         reason=reason,
@@ -72,7 +76,8 @@ def prepare_worker(facts: PlatformFacts) -> None:
 
     if not torch.cuda.is_available():
         raise RuntimeError(f"qwen3exp: torch.cuda.is_available() is False in this rank (torch {torch.__version__}, "
-                           f"CUDA {torch.version.cuda}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+                           f"CUDA {torch.version.cuda}, "
+                           f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     # One visible GPU per process (a per-rank CUDA_VISIBLE_DEVICES mask) is fine: torchtitan uses index 0.
     if torch.cuda.device_count() != 1 and torch.cuda.device_count() < local_world:

@@ -23,7 +23,7 @@ Each adaptation states the behaviour it answers:
 5. Ranks. One rank per logical NeuronCore: NEURON_LOGICAL_NC_CONFIG (platform.lnc, default 2 on
    trn2) groups physical cores; a trn2.48xlarge shows 64 logical cores at LNC=2. A real launch
    probes the device count with that setting and refuses a disagreement; a dry run plans with the
-   instance table (`neuron_instances`) and says the device was not checked.
+   instance table (`qwen3exp.config.schema.INSTANCES`) and says the device was not checked.
 6. Processes. A forked child cannot re-initialise the Neuron runtime: torchrun starts fresh
    processes, and `prepare_worker` sets the multiprocessing start method to spawn for anything a
    rank starts itself (data-loader workers).
@@ -39,9 +39,10 @@ from __future__ import annotations
 import os
 import sys
 
+from qwen3exp.config.schema import INSTANCES
 from qwen3exp.errors import ConfigError, Problem
 from qwen3exp.platforms import PlatformFacts
-from qwen3exp.platforms.neuron_instances import INSTANCES
+from qwen3exp.units import GIB
 
 LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
 CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
@@ -103,13 +104,14 @@ def facts(cfg, *, nproc_per_node: int | None, dry_run: bool, reason: str) -> Pla
         info = probe.probe("neuron", env) if probe.neuron_hint() else {"error": "No module named 'torch_neuronx'"}
         _require_device(cfg, info, expected, source)
         checked, name, total_memory = True, info.get("name") or name, info.get("total_memory")
-        reason += f"; {info['count']} logical NeuronCores at LNC={cfg.lnc} checked (torch-neuronx {info.get('version')})"
+        reason += (f"; {info['count']} logical NeuronCores at LNC={cfg.lnc} checked "
+                   f"(torch-neuronx {info.get('version')})")
     if cfg.hbm_per_core_gib:
-        memory = int(cfg.hbm_per_core_gib * 2**30)
+        memory = int(cfg.hbm_per_core_gib * GIB)
     elif total_memory:
         memory = int(total_memory)
     else:
-        memory = int(inst.hbm_per_logical_core_gib(cfg.lnc) * 2**30)
+        memory = int(inst.hbm_per_logical_core_gib(cfg.lnc) * GIB)
     return PlatformFacts(
         name="neuron",
         reason=reason,
@@ -148,9 +150,9 @@ def _require_device(cfg, info: dict, expected: int, source: str) -> None:
             "check the Neuron driver and runtime with neuron-ls; NEURON_RT_VISIBLE_CORES or "
             "NEURON_RT_NUM_CORES in platform.runtime_env restrict what a process sees")])
     if count != expected:
-        other = {l: INSTANCES[cfg.instance_type].logical_cores(l) for l in (1, 2) if l != cfg.lnc}
-        hint = next((f"{count} logical cores is what LNC={l} gives on {cfg.instance_type}: "
-                     f"set platform.lnc={l}, or check {LNC_ENV} in the runtime" for l, n in other.items()
+        other = {lnc: INSTANCES[cfg.instance_type].logical_cores(lnc) for lnc in (1, 2) if lnc != cfg.lnc}
+        hint = next((f"{count} logical cores is what LNC={lnc} gives on {cfg.instance_type}: "
+                     f"set platform.lnc={lnc}, or check {LNC_ENV} in the runtime" for lnc, n in other.items()
                      if n == count), None)
         raise ConfigError([Problem(
             "platform.lnc", cfg.lnc,

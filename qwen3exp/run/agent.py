@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from qwen3exp.run import rundir
+
 FAILURES_GLOB = "agent_failures_node*.json"
 ERRORS_GLOB = "error_rank*.json"
 
@@ -60,7 +61,7 @@ class _ClosingSignals(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         args = record.args if isinstance(record.args, tuple) else ()
         if isinstance(record.msg, str) and record.msg.startswith("Sending process") \
-                and "closing signal" in record.msg and len(args) >= 2:
+                and "closing signal" in record.msg and len(args) >= 2 and isinstance(args[0], int | str):
             self.pids.setdefault(int(args[0]), str(args[1]))
 
 

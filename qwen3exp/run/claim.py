@@ -32,8 +32,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qwen3exp.run import rundir
 from qwen3exp.errors import ConfigError, Problem
+from qwen3exp.run import rundir
 
 LOCK = ".qwen3exp.lock"
 BOOKKEEPING = frozenset({rundir.HYDRA, "qwen3exp.log"})
@@ -127,7 +127,7 @@ def _makedirs(path: Path, key: str) -> list[Path]:
             break
         p = p.parent
     missing.reverse()
-    made = []
+    made: list[Path] = []
     for d in missing:
         try:
             d.mkdir()
@@ -198,7 +198,7 @@ def _os_problem(key: str, path: Path, e: OSError) -> Problem:
     why = {errno.EACCES: "permission denied", errno.EPERM: "permission denied",
            errno.EROFS: "the file system is read-only", errno.ENOSPC: "the disk is full",
            errno.EDQUOT: "the disk quota is exhausted", errno.ENOTDIR: "a part of the path is a file",
-           errno.ENAMETOOLONG: "the name is too long"}.get(e.errno, e.strerror or type(e).__name__)
+           errno.ENAMETOOLONG: "the name is too long"}.get(e.errno or 0, e.strerror or type(e).__name__)
     where = f" ({e.filename})" if getattr(e, "filename", None) and str(e.filename) != str(path) else ""
     return Problem(key, str(path), f"cannot be created or written: {why}{where}",
                    "a directory this user can create and write",

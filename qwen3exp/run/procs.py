@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
@@ -79,7 +80,8 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def workers_of(run_dir: Path, module: str = "qwen3exp.worker.main", exclude: set[int] = frozenset()) -> list[int]:
+def workers_of(run_dir: Path, module: str = "qwen3exp.worker.main",
+               exclude: AbstractSet[int] = frozenset()) -> list[int]:
     """Live `python -m qwen3exp.worker.main RUN_DIR` processes of exactly this run directory: the argument
     after the module, resolved against the process's own working directory, must be `run_dir`
     (a run in runs/exp10 is not a run in runs/exp1)."""
@@ -117,7 +119,7 @@ def signal_all(pids: list[int], sig: int) -> None:
             pass
 
 
-def kill_tree(pid: int, *, exclude: set[int] = frozenset()) -> list[int]:
+def kill_tree(pid: int, *, exclude: AbstractSet[int] = frozenset()) -> list[int]:
     """SIGKILL every descendant of `pid` (not `pid` itself, not `exclude`); returns the pids
     killed. Those that had become our children (orphans re-parented to a subreaper) are reaped."""
     killed: list[int] = []

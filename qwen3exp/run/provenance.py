@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from qwen3exp.run import rundir
 from qwen3exp.platforms.cpu import cpu_name as _cpu_name
+from qwen3exp.run import rundir
 
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("torch", "torchtitan", "transformers", "torch-neuronx", "neuronx-cc", "torch-xla",
@@ -158,7 +158,7 @@ def collect(facts, exp_hash: str, origin: Origin | None) -> tuple[dict, str | No
             hydra[key] = redact_text(hydra[key])
     git, diff = source_git_state()
     prov = {
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "experiment_hash": exp_hash,
         "command": command,
         "command_line": shlex.join(command),

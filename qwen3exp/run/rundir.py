@@ -80,7 +80,7 @@ def read_json(path: Path) -> Any | None:
 
 def read_metrics(run_dir: Path) -> list[dict]:
     """Rows of metrics.jsonl; a torn last line (a killed run) is ignored."""
-    rows = []
+    rows: list[dict] = []
     try:
         text = (run_dir / METRICS).read_text()
     except OSError:

@@ -9,17 +9,12 @@ Registration happens in every rank (the conversion runs there), so the name reso
 from __future__ import annotations
 
 from functools import partial
-from pathlib import Path
+
+# The file listing is plain Python, shared with the pre-launch checks of the data (which must not
+# import torchtitan), so both read the same files in the same order.
+from qwen3exp.plan.data_files import data_files
 
 DATASET_NAME = "qwen3exp_local"
-SUFFIXES = (".jsonl", ".json", ".txt")
-
-
-def data_files(path: str | Path) -> list[str]:
-    p = Path(path)
-    if p.is_file():
-        return [str(p)]
-    return sorted(str(f) for f in p.rglob("*") if f.suffix in SUFFIXES and f.is_file())
 
 
 def _load(path: str, *, text_field: str):

@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any, cast
 
-from qwen3exp.run import rundir
 from qwen3exp.config.flavors import Arch, hf_config_from_arch
+from qwen3exp.run import rundir
 
 # Files of a Hugging Face model folder that are not weights (copied when the source has them).
 ASSET_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
@@ -52,7 +53,9 @@ def verify(folder: Path, *, tied: bool) -> dict:
     report: dict = {"path": str(folder), "ok": False, "missing_keys": None, "unexpected_keys": None,
                     "mismatched_keys": None, "error": None}
     try:
-        _, info = AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True, dtype=torch.float32)
+        # output_loading_info=True returns (model, info); transformers annotates the model only.
+        _, info = cast("tuple[Any, dict]",
+                       AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True, dtype=torch.float32))
     except Exception as e:  # a broken export must fail the run with the reason, not crash the launcher
         report["error"] = f"{type(e).__name__}: {e}"
         return report

@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from torchtitan.experiments.transformers_modeling_backend import TitanModelConfig
-from torchtitan.experiments.transformers_modeling_backend import model as _backend
+from torchtitan.experiments.transformers_modeling_backend import TitanModelConfig, model as _backend
 from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
 from transformers.configuration_utils import PretrainedConfig
 
@@ -62,7 +62,7 @@ def local_code_only() -> Iterator[None]:
     # transformers with "contains custom code"). `refuse_remote_code` runs first for a clear message.
     # Test: tests/test_security.py::test_hf_adapter_never_runs_model_folder_code (fails without this).
     """
-    real = _backend.AutoConfig
+    real: type[Any] = _backend.AutoConfig  # transformers' AutoConfig, as the backend bound it
 
     class _LocalCodeOnlyAutoConfig(real):
         @classmethod
@@ -93,20 +93,24 @@ def fix_rotary_inv_freq(model: torch.nn.Module) -> int:
 
     fixed = 0
     for module in model.modules():
-        if not hasattr(module, "inv_freq") or getattr(module, "rope_init_fn", None) is not None:
+        buffer = getattr(module, "inv_freq", None)
+        if not isinstance(buffer, torch.Tensor) or getattr(module, "rope_init_fn", None) is not None:
             continue
         rope_type = getattr(module, "rope_type", "default")
         init_fn = (getattr(module, "compute_default_rope_parameters", None) if rope_type == "default"
                    else ROPE_INIT_FUNCTIONS.get(rope_type))
         if init_fn is None:
             continue
-        device = module.inv_freq.device
+        device = buffer.device
         inv_freq, scaling = init_fn(module.config)  # exactly as the module's __init__ calls it
         with torch.no_grad():
-            module.inv_freq.copy_(inv_freq.to(device=device, dtype=module.inv_freq.dtype))
-            if hasattr(module, "original_inv_freq"):
-                module.original_inv_freq.copy_(inv_freq.to(device=device, dtype=module.original_inv_freq.dtype))
-        module.attention_scaling = scaling
+            buffer.copy_(inv_freq.to(device=device, dtype=buffer.dtype))
+            original = getattr(module, "original_inv_freq", None)
+            if isinstance(original, torch.Tensor):
+                original.copy_(inv_freq.to(device=device, dtype=original.dtype))
+        # A float, as the module's __init__ sets it; nn.Module's __setattr__ is annotated for
+        # tensors and modules only.
+        module.attention_scaling = scaling  # type: ignore[assignment]
         fixed += 1
     return fixed
 
@@ -156,8 +160,10 @@ class HFQwen3SdpaModel(HFQwen3Model):
             # underscore field is what transformers reads; the injected arg survives
             # update_from_config (which reloads the HF config with this implementation).
             self._titan_injected_model_args["attn_implementation"] = "sdpa"
-            self.attn_implementation = "sdpa"
-            self._attn_implementation = "sdpa"
+            # Attributes of the backend's Config (which mypy cannot see: torchtitan is untyped), not
+            # new slots of this empty subclass.
+            self.attn_implementation = "sdpa"  # type: ignore[misc]
+            self._attn_implementation = "sdpa"  # type: ignore[misc]
 
     def get_attention_masks(self, positions: torch.Tensor):
         return document_causal_mask(positions)

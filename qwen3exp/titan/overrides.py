@@ -94,7 +94,8 @@ def _registered(act: Activation, problems: list[Problem]):
     try:
         importlib.import_module(module)
     except Exception as e:
-        problems.append(Problem(_target_key(act), act.target, f"module {module!r} does not import: {type(e).__name__}: {e}",
+        problems.append(Problem(_target_key(act), act.target,
+                                f"module {module!r} does not import: {type(e).__name__}: {e}",
                                 hint="the module must be importable on every rank (installed, or on PYTHONPATH)"))
         return None
     ov = _REGISTRY.get(act.target)
@@ -260,11 +261,13 @@ def _platform_problems(exp, facts) -> list[Problem]:
     if exp.kernels.moe.impl == "nki":
         if exp.kernels.moe.block_size not in neuron.MOE_BLOCK_SIZES:
             problems.append(Problem("kernels.moe.block_size", exp.kernels.moe.block_size,
-                                    "not a block size of nkilib's blockwise MoE kernels", one_of(neuron.MOE_BLOCK_SIZES)))
+                                    "not a block size of nkilib's blockwise MoE kernels",
+                                    one_of(neuron.MOE_BLOCK_SIZES)))
         arch = exp.model.arch()
         if arch is not None and arch.dim % lnc:
             problems.append(Problem("model.flavor", exp.model.flavor,
-                                    f"hidden size {arch.dim} is not divisible by LNC={lnc} (blockwise_mm_bwd shards it)"))
+                                    f"hidden size {arch.dim} is not divisible by LNC={lnc} "
+                                    "(blockwise_mm_bwd shards it)"))
     return problems
 
 
