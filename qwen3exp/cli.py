@@ -167,15 +167,17 @@ def _launch(inv: Invocation, master: Master, out: Path, command: list[str], dry:
         _cancel(out)
     if master.multirun:
         return sweep.finish(sweep.recorded(out, since), out, command, stopped=stopped)
-    return _run_outcome(out, started, stopped, slurm)
+    return _run_outcome(out, started, stopped, slurm, _node_rank(master))
 
 
-def _run_outcome(run_dir: Path, started: float, stopped: int | None, slurm: bool) -> int:
-    """A run's exit code: its summary's (written by this launch), or the signal that stopped it."""
+def _run_outcome(run_dir: Path, started: float, stopped: int | None, slurm: bool, node: int | None) -> int:
+    """A run's exit code: its summary's (written by this launch; another node's launcher of a
+    multi-node run writes summary_node<R>.json), or the signal that stopped it."""
     from qwen3exp.run import rundir
 
-    summary = rundir.read_json(run_dir / rundir.SUMMARY)
-    if not isinstance(summary, dict) or (run_dir / rundir.SUMMARY).stat().st_mtime < started - 1:
+    name = rundir.SUMMARY if not node else rundir.SUMMARY.replace(".json", f"_node{node}.json")
+    summary = rundir.read_json(run_dir / name)
+    if not isinstance(summary, dict) or (run_dir / name).stat().st_mtime < started - 1:
         where = f" (job logs: {run_dir / '.submitit'})" if slurm else ""
         print(f"qwen3exp: the run wrote no summary{where}", file=sys.stderr)
         return stopped or 1
