@@ -24,11 +24,12 @@ def _run(tool: str, *args: str, timeout: float) -> subprocess.CompletedProcess:
 
 
 def test_ruff():
-    proc = _run("ruff", "check", "--no-fix", "--output-format", "concise", "qwen3exp", "tests", timeout=300)
-    assert proc.returncode == 0, f"ruff check qwen3exp tests:\n{proc.stdout}{proc.stderr}"
+    proc = _run("ruff", "check", "--no-fix", "--output-format", "concise", "qwen3exp", "hydra_plugins", "tests",
+                timeout=300)
+    assert proc.returncode == 0, f"ruff check qwen3exp hydra_plugins tests:\n{proc.stdout}{proc.stderr}"
 
 
 def test_mypy():
     # A first run without .mypy_cache reads torch's annotations: about a minute; later runs seconds.
-    proc = _run("mypy", "qwen3exp", timeout=900)
-    assert proc.returncode == 0, f"mypy qwen3exp:\n{proc.stdout}{proc.stderr}"
+    proc = _run("mypy", "qwen3exp", "hydra_plugins/qwen3exp_launcher", timeout=900)
+    assert proc.returncode == 0, f"mypy qwen3exp hydra_plugins:\n{proc.stdout}{proc.stderr}"

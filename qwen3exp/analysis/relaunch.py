@@ -23,13 +23,12 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
-from qwen3exp.run import rundir
 from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError, Problem
+from qwen3exp.run import rundir
 
 DATA_NOT_CODE = ("a recorded run directory is data and qwen3exp never runs code from it; if you wrote "
                  "this yourself, put it in an experiment file and run python -m qwen3exp")
@@ -104,7 +103,8 @@ def recorded_code_problems(config_yaml: Path, run: Path) -> list[Problem]:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        return [Problem("(recorded config)", type(data).__name__, "the file is no mapping", "Hydra's own config.yaml of a run")]
+        return [Problem("(recorded config)", type(data).__name__, "the file is no mapping",
+                        "Hydra's own config.yaml of a run")]
     problems: list[Problem] = []
     if "defaults" in data:
         problems.append(_code("defaults", data["defaults"], "a defaults list selects config groups (code among them)"))
@@ -280,7 +280,7 @@ def _report_config(recorded: dict, new: dict, overrides: list[str]) -> None:
         print(f"qwen3exp relaunch: same resolved experiment as recorded (hash {h})")
         return
     asked = [o for o in overrides if not o.startswith("hydra.")]
-    print(f"qwen3exp relaunch: the resolved experiment differs from the recorded one"
+    print("qwen3exp relaunch: the resolved experiment differs from the recorded one"
           + (f" (you passed {' '.join(asked)})" if asked else " (qwen3exp's schema or defaults changed since)")
           + ":\n" + "\n".join(f"  {k}: {show(a)} -> {show(b)}" for k, a, b in changes))
 

@@ -132,7 +132,8 @@ def parse_argv(argv: list[str]) -> Invocation:
     for d in config_dirs:
         path = Path(d).expanduser().resolve()
         if not path.is_dir():
-            problems.append(Problem("--config-dir", d, "folder does not exist" if not path.exists() else "is not a folder",
+            why = "folder does not exist" if not path.exists() else "is not a folder"
+            problems.append(Problem("--config-dir", d, why,
                                     "a folder of config groups (model/, data/, experiment/, ...)", nearby_path(path)))
         else:
             dirs.append(path)
@@ -185,7 +186,7 @@ def parse_overrides(overrides: list[str], config_loader=None) -> list:
         raise ConfigError([Problem("(command line)", " ".join(overrides),
                                    "cannot parse: " + "; ".join(first[:2]),
                                    "key=value, group=option, +key=value, ~key")]) from None
-    empty = [o.input_line for o in parsed if not o.key_or_group]
+    empty = [str(o.input_line) for o in parsed if not o.key_or_group]
     if empty:
         raise ConfigError([Problem("(command line)", " ".join(empty), "an override needs a key before '='",
                                    "key=value, group=option, +key=value, ~key")])
@@ -317,13 +318,20 @@ class Composer:
         return _problems_from_compose_error(e, values, base)
 
 
+def _config_sources(cfg) -> list[dict]:
+    """The config sources a composition used (provider, path, schema), from its hydra node."""
+    from omegaconf import OmegaConf
+
+    sources = OmegaConf.to_container(cfg.hydra.runtime.config_sources)
+    return [s for s in sources if isinstance(s, dict)] if isinstance(sources, list) else []
+
+
 def shadowed(cfg) -> list[Problem]:
     """A file of the user's that has the name of an option of an earlier config directory (the
     packaged one): Hydra takes the first in its search path, so the user's would be ignored without
     a word. Looked up in the config sources the composition used (`hydra.runtime.config_sources`)."""
-    from omegaconf import OmegaConf
 
-    dirs = [Path(s["path"]) for s in OmegaConf.to_container(cfg.hydra.runtime.config_sources)
+    dirs = [Path(s["path"]) for s in _config_sources(cfg)
             if s["schema"] == "file" and s["provider"] not in ("hydra", "schema")]
     problems = []
     for group in GROUPS:
@@ -370,7 +378,7 @@ def precheck(inv: Invocation) -> Master:
             if values:
                 firsts.append(_with_value(o, values[0]))
         variants = [fixed + firsts]
-        for i, o in enumerate(sweeps):
+        for o in sweeps:
             values = sweep_values(o) or []
             if o.key_or_group.split("@")[0] in GROUPS:
                 for v in values[1:]:
@@ -384,7 +392,7 @@ def precheck(inv: Invocation) -> Master:
                 errors.append(e)
                 continue
             cfg = cfg if cfg is not None else composed
-        if errors:
+        if errors or cfg is None:
             raise ConfigError.several(errors)
         problems = shadowed(cfg) + hydra_plugin_problems(cfg)
         if problems:
@@ -465,7 +473,7 @@ def _headless_experiment(cfg, nested: dict) -> Problem:
 
     choice = OmegaConf.select(cfg, "hydra.runtime.choices.experiment", default="?")
     where = f"experiment/{choice}.yaml"
-    for s in OmegaConf.to_container(cfg.hydra.runtime.config_sources) or []:
+    for s in _config_sources(cfg):
         if s["schema"] == "file" and (Path(s["path"]) / where).is_file():
             where = f"{Path(s['path']).name}/{where}"
             break

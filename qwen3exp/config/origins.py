@@ -93,6 +93,8 @@ def file_sources(composer, group_key: tuple[str, ...]) -> dict[str, Source]:
         if loaded is None:
             continue
         node = OmegaConf.to_container(loaded.config, resolve=False)
+        if not isinstance(node, dict):
+            continue
         node.pop("defaults", None)
         group = path.split("/")[0] if "/" in path else None
         where = composer.where(path)

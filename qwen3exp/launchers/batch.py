@@ -137,7 +137,7 @@ def check_job(cfg, files: HydraFiles, overrides: list[str], *, context: str | No
     provenance = files.provenance(overrides)
     run_dir = run_dir if run_dir is not None else job_dir(cfg)
     plan = None
-    if not problems:
+    if not problems and exp is not None:
         try:
             plan = make_plan(exp, run_dir, overrides=overrides, provenance=provenance)
         except ConfigError as e:
@@ -301,11 +301,12 @@ def launch(config, hydra_context, task_function, job_overrides: Sequence[Sequenc
         from qwen3exp.plan.render import print_plans
 
         print_plans(points)
-        return [_job_return(cfg, {"status": "planned", "run_dir": p.run_dir}) for cfg, p in zip(cfgs, points)]
+        return [_job_return(cfg, {"status": "planned", "run_dir": p.run_dir})
+                for cfg, p in zip(cfgs, points, strict=True)]
     if slurm:
         return _submit(config, hydra_context, task_function, points, jobs, cfgs)
     returns = []
-    for cfg, point, job in zip(cfgs, points, jobs):
+    for cfg, point, job in zip(cfgs, points, jobs, strict=True):
         if job.state == sweep.DONE:
             print(f"qwen3exp: skipped (completed earlier, same experiment): {point.run_dir}", flush=True)
             returns.append(_job_return(cfg, {"status": "completed", "skipped": True, "run_dir": point.run_dir}))
@@ -352,9 +353,9 @@ def _submit(config, hydra_context, task_function, points: list[Point], jobs: lis
 
     if (down := slurm.controller_problem()) is not None:
         _refuse(ConfigError([down]))
-    todo = [(p, j) for p, j in zip(points, jobs) if j.state != sweep.DONE]
+    todo = [(p, j) for p, j in zip(points, jobs, strict=True) if j.state != sweep.DONE]
     returns = [_job_return(cfg, {"status": "completed", "skipped": True, "run_dir": p.run_dir})
-               for cfg, p, j in zip(cfgs, points, jobs) if j.state == sweep.DONE]
+               for cfg, p, j in zip(cfgs, points, jobs, strict=True) if j.state == sweep.DONE]
     if not todo:
         return returns
     sweep_dir = Path(str(config.hydra.sweep.dir))

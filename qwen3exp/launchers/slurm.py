@@ -3,8 +3,9 @@
 Submitting (the command line, on the submit host): qwen3exp's Hydra launcher checks the batch, then
 hands it to hydra-submitit-launcher's SlurmLauncher set up with `submitit_params()` from the validated
 `launcher` section. It submits one job per run (a job array for a sweep), and each job runs
-`qwen3exp.launchers.batch.task`, which checks and runs the job like a local one, once, on the first node of its allocation (`use_srun=false`: submitit
-would otherwise run it once per SLURM task). The run directory must be on a shared file system.
+`qwen3exp.launchers.batch.task`, which checks and runs the job like a local one, once, on the
+first node of its allocation (`use_srun=false`: submitit would otherwise run it once per SLURM
+task). The run directory must be on a shared file system.
 
 In the job (`placement()`): with one node torchrun starts directly; with several, the job starts
 `srun` with one torchrun agent per node and a c10d rendezvous on a free port of the first node
@@ -20,9 +21,9 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from qwen3exp.config.schema import Experiment, SlurmLauncher
 from qwen3exp.errors import ConfigError, Problem
 from qwen3exp.plan.placement import STANDALONE_ENDPOINT, STANDALONE_ID, Placement
-from qwen3exp.config.schema import Experiment, SlurmLauncher
 
 
 def submitit_params(exp: Experiment, sweep_dir: Path) -> dict:

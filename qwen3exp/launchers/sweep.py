@@ -27,9 +27,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from qwen3exp.run import rundir
 from qwen3exp.config.compose import quote_value
 from qwen3exp.errors import ConfigError, Problem
+from qwen3exp.run import rundir
 
 # ------------------------------------------------------------------------------ the resume plan
 NEW, DONE, RETRY, CONFLICT = "new", "done", "retry", "conflict"
@@ -64,7 +64,10 @@ def _state(run_dir: Path, exp_hash: str) -> tuple[str, str | None]:
 def plan(points, sweep_dir: Path, *, first_index: int = 0) -> list[Job]:
     """Decide for every point of a sweep what happens to it; raises ConfigError (before any job
     starts) when two points share a folder or a folder holds a different experiment."""
-    jobs, problems, seen, conflicts = [], [], {}, []
+    jobs: list[Job] = []
+    problems: list[Problem] = []
+    seen: dict[Path, int] = {}
+    conflicts: list = []
     for i, (overrides, exp, run_dir) in enumerate(((p.overrides, p.exp, p.run_dir) for p in points), first_index):
         run_dir = Path(run_dir)
         data = exp.model_dump(mode="json")
