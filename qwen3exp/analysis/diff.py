@@ -1,4 +1,4 @@
-"""`python -m qwen3exp.analysis.diff RUN_A RUN_B`: the keys whose resolved values differ between two runs.
+"""`qwen3exp diff RUN_A RUN_B`: the keys whose resolved values differ between two runs.
 
 Compares the resolved experiments (`experiment.yaml`), key by dotted key. With `--provenance` it
 also compares where the runs came from (git commit, package versions, platform, host). Exit code
@@ -14,31 +14,7 @@ from typing import Any
 
 from qwen3exp.errors import EXIT_CONFIG_ERROR
 from qwen3exp.run import rundir
-
-
-class _Absent:
-    def __repr__(self) -> str:
-        return "(absent)"
-
-
-ABSENT = _Absent()
-
-
-def differences(a: dict, b: dict) -> list[tuple[str, Any, Any]]:
-    """(dotted key, value in a, value in b) for every key whose value differs; ABSENT where a key
-    exists on one side only. Sorted by key."""
-    fa, fb = rundir.flatten(a), rundir.flatten(b)
-    out = []
-    for key in sorted(set(fa) | set(fb)):
-        va, vb = fa.get(key, ABSENT), fb.get(key, ABSENT)
-        if va != vb or (type(va) is not type(vb) and not _same_number(va, vb)):
-            out.append((key, va, vb))
-    return out
-
-
-def _same_number(a, b) -> bool:
-    return isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
-        and not isinstance(b, bool) and a == b
+from qwen3exp.run.identity import ABSENT, differences
 
 
 def show(v: Any) -> str:

@@ -69,7 +69,9 @@ def main(argv: list[str], run_command) -> int:
     except ConfigError as e:
         print(e.render(), file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    new = exp.model_dump(mode="json")
+    from qwen3exp.run import identity
+
+    new = identity.recorded_data(exp)
     if recorded is not None:
         _report_config(recorded, new, overrides)
     _report_code(run)
@@ -242,7 +244,8 @@ def _join(path: str | tuple[str, ...], key: str) -> str:
 
 
 RECOMPOSE = ("hydra/launcher=qwen3exp", "hydra.job.name=qwen3exp")
-"""A recorded config.yaml holds the experiment, not Hydra's settings: qwen3exp's launcher and job name."""
+"""A recorded config.yaml holds the experiment, not Hydra's settings: qwen3exp's launcher (the
+command line adds it too) and job name."""
 
 
 def _compose(config_dir: Path, overrides: list[str], recorded: dict | None):
@@ -272,10 +275,11 @@ def _quote(value: str) -> str:
 
 
 def _report_config(recorded: dict, new: dict, overrides: list[str]) -> None:
-    from qwen3exp.analysis.diff import differences, show
+    from qwen3exp.analysis.diff import show
+    from qwen3exp.run.identity import differences
 
     changes = differences(recorded, new)
-    h = rundir.experiment_hash(new)[:12]
+    h = rundir.experiment_hash(new)[:12]  # `new` is the recorded form: this is its identity
     if not changes:
         print(f"qwen3exp relaunch: same resolved experiment as recorded (hash {h})")
         return

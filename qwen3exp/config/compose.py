@@ -29,6 +29,7 @@ CONFIG_NAME = "config"
 GROUPS = ("model", "parallelism", "kernels", "checkpoint", "platform", "data", "launcher", "experiment")
 LAUNCHER_TARGET = "hydra_plugins.qwen3exp_launcher.launcher.Qwen3expLauncher"
 """qwen3exp's Hydra launcher (conf: hydra/launcher=qwen3exp): it checks every batch of jobs."""
+LAUNCHER_OVERRIDE = "hydra/launcher=qwen3exp"
 
 # Hydra's flags, by what qwen3exp does with them. Everything else that starts with '-' is refused
 # (exit 2): a flag passed through to Hydra unchecked could start a run that no check has seen.
@@ -141,6 +142,10 @@ def parse_argv(argv: list[str]) -> Invocation:
         raise ConfigError(problems)
     if config_dirs:
         inv.overrides = _with_search_path(inv.overrides, dirs)
+    if not any(o.lstrip("+~").split("=", 1)[0] == "hydra/launcher" for o in inv.overrides):
+        # Jobs always run through qwen3exp's launcher, whatever the primary config (yours with
+        # --config-path, a recorded run's .hydra/config.yaml); another choice is refused later.
+        inv.overrides.append(LAUNCHER_OVERRIDE)
     return inv
 
 

@@ -9,7 +9,7 @@ tag (`model.backend`, `platform.name`, ...); pydantic puts the tag into error lo
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import ErrorDetails, PydanticUndefined
@@ -187,18 +187,31 @@ class Kernels(_Strict):
 
 
 # ---------------------------------------------------------------------------------- checkpoint
-class NoCheckpoint(_Strict):
+class _CheckpointKind(_Strict):
+    """What a checkpoint kind does, as properties, so that code asks `exp.checkpoint.resumable`
+    instead of comparing kind strings."""
+
+    resumable: ClassVar[bool] = False
+    """A rerun of the identical experiment into its run directory continues from the latest step."""
+    loads_weights: ClassVar[bool] = False
+    """Step 0 starts from published Hugging Face safetensors."""
+    exports: ClassVar[bool] = False
+    """The last step is saved as a Hugging Face folder and reloaded to verify it."""
+
+
+class NoCheckpoint(_CheckpointKind):
     """No checkpoints: random init, nothing saved."""
 
     kind: Literal["none"] = "none"
 
 
-class DcpCheckpoint(_Strict):
+class DcpCheckpoint(_CheckpointKind):
     """torchtitan distributed checkpoints (model, optimizer, lr schedule, data position) under
     `<run dir>/checkpoint/step-N`. A rerun into the same run directory with the identical
     experiment resumes from the latest step."""
 
     kind: Literal["dcp"] = "dcp"
+    resumable: ClassVar[bool] = True
     interval: PosInt = 500
     """Save every `interval` steps (and always at the last step)."""
     keep_latest_k: NonNegInt = 2
@@ -216,29 +229,33 @@ class DcpCheckpoint(_Strict):
 ExportDtype = Literal["float32", "bfloat16", "float16"]
 
 
-class HFLoad(_Strict):
+class HFLoad(_CheckpointKind):
     """Start from published Hugging Face safetensors (model weights only) at step 0."""
 
     kind: Literal["hf_load"] = "hf_load"
+    loads_weights: ClassVar[bool] = True
     path: str | None = None
     """Folder with the safetensors (and model.safetensors.index.json when sharded). None: model.hf_assets_path."""
 
 
-class HFExport(_Strict):
+class HFExport(_CheckpointKind):
     """Save the last step as a complete Hugging Face folder (weights, index, config.json, tokenizer
     files) under `<run dir>/checkpoint/step-N`, then reload it with AutoModelForCausalLM and fail
     the run unless only a tied lm_head.weight is missing."""
 
     kind: Literal["hf_export"] = "hf_export"
+    exports: ClassVar[bool] = True
     dtype: ExportDtype = "bfloat16"
     """dtype of the exported weights."""
 
 
-class HFRoundtrip(_Strict):
+class HFRoundtrip(_CheckpointKind):
     """hf_load + hf_export + verification: load published safetensors at step 0, export the last
     step, verify the export reloads in AutoModelForCausalLM."""
 
     kind: Literal["hf_roundtrip"] = "hf_roundtrip"
+    loads_weights: ClassVar[bool] = True
+    exports: ClassVar[bool] = True
     path: str | None = None
     """Folder with the safetensors to load. None: model.hf_assets_path."""
     dtype: ExportDtype = "bfloat16"

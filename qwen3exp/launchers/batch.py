@@ -171,41 +171,26 @@ def _with_source(p: Problem, provenance) -> Problem:
 
 
 def rerun_problem(exp: Experiment, run_dir: Path) -> Problem | None:
-    """A directory that holds a run is never overwritten. The one exception is resuming: with
-    checkpoint=dcp and the identical resolved experiment (same experiment.yaml content hash) the
-    run continues from its latest checkpoint. None: the rerun may go ahead."""
-    from qwen3exp.launchers.local import run_experiment
+    """A directory that holds a run is never overwritten. The one exception is resuming: a
+    resumable checkpoint kind (dcp) and the same experiment (`qwen3exp.run.identity`) continue
+    from the latest checkpoint. None: the rerun may go ahead."""
+    from qwen3exp.run import identity
 
-    new = rundir.experiment_yaml(run_experiment(exp).model_dump(mode="json"))
-    try:
-        old = (run_dir / rundir.EXPERIMENT).read_text()
-    except OSError:
-        old = None
-    if exp.checkpoint.kind == "dcp" and old is not None and rundir.sha256(old) == rundir.sha256(new):
+    recorded = rundir.read_experiment(run_dir) is not None
+    if exp.checkpoint.resumable and recorded and identity.same(exp, run_dir):
         return None
-    if exp.checkpoint.kind != "dcp":
-        message = "already holds a run; it is never overwritten (only checkpoint=dcp reruns resume)"
-    elif old is None:
+    if not exp.checkpoint.resumable:
+        message = (f"already holds a run; it is never overwritten (only checkpoint={exp.checkpoint.kind} "
+                   "reruns of a resumable kind, checkpoint=dcp, continue)")
+    elif not recorded:
         message = f"already holds files of a run but no {rundir.EXPERIMENT}; cannot resume"
     else:
-        changed = _changed_keys(old, new)
-        message = (f"holds a run of a different experiment (experiment.yaml sha256 {rundir.sha256(old)[:12]}, "
-                   f"this one {rundir.sha256(new)[:12]}; differing keys: {', '.join(changed) or '?'}); "
-                   "a dcp rerun resumes only the identical experiment")
+        changed = identity.differing_keys(exp, run_dir)
+        message = (f"holds a run of a different experiment (identity {str(identity.of_run(run_dir))[:12]}, "
+                   f"this one {identity.of(exp)[:12]}; differing keys: {', '.join(changed) or '?'}); "
+                   "a dcp rerun resumes only the same experiment")
     return Problem("hydra.run.dir", str(run_dir), message, "a new directory (the default adds a timestamp)",
                    "choose another name=... or hydra.run.dir=..., or rerun with exactly the same settings")
-
-
-def _changed_keys(old: str, new: str) -> list[str]:
-    import yaml
-
-    from qwen3exp.analysis.diff import differences
-
-    try:
-        a, b = yaml.safe_load(old), yaml.safe_load(new)
-    except yaml.YAMLError:
-        return []
-    return [key for key, _, _ in differences(a or {}, b or {})]
 
 
 def run_dir_problems(point: Point) -> list[Problem]:
@@ -252,6 +237,7 @@ def launch(config, hydra_context, task_function, job_overrides: Sequence[Sequenc
     from omegaconf import OmegaConf, open_dict
 
     from qwen3exp.config.compose import composition_problems, register_resolvers
+    from qwen3exp.run import identity
 
     setup_globals()
     register_resolvers()
@@ -284,7 +270,7 @@ def launch(config, hydra_context, task_function, job_overrides: Sequence[Sequenc
         slurm = slurm_points(points)
         if single:
             jobs = [sweep.Job(initial_job_idx, points[0].overrides, Path(points[0].run_dir),
-                              points[0].exp.model_dump(mode="json"), sweep.NEW)]
+                              identity.recorded_data(points[0].exp), sweep.NEW)]
             if problems := run_dir_problems(points[0]):
                 raise ConfigError(problems)
         else:
@@ -411,7 +397,7 @@ def _run(exp: Experiment, run_dir: Path, plan) -> dict:
     redact_hydra_record(Path(hc.sweep.dir), ("multirun.yaml",))
     if not single:
         try:
-            if sweep.claim(run_dir, exp.model_dump(mode="json")):
+            if sweep.claim(run_dir, exp):
                 return {"run_dir": str(run_dir), "status": "completed", "skipped": True}
         except ConfigError as e:  # the folder changed since the plan: leave it alone
             print(e.render(), file=sys.stderr)
@@ -440,10 +426,12 @@ def _run(exp: Experiment, run_dir: Path, plan) -> dict:
 
 def _record_failure(run_dir: Path, exp: Experiment | None, code: int, error: str, wall: float) -> dict:
     """A sweep job that failed before torchrun could run still leaves a `failed` summary."""
+    from qwen3exp.run import identity
+
     summary = {"status": "failed", "exit_code": code, "world_size": None, "steps_completed": 0,
                "first_loss": None, "last_loss": None, "wall_seconds": round(wall, 3), "error": error,
                "name": exp.name if exp else None,
-               "experiment_hash": rundir.experiment_hash(exp.model_dump(mode="json")) if exp else None}
+               "experiment_hash": identity.of(exp) if exp else None}
     rundir.atomic_write_json(run_dir / rundir.SUMMARY, summary)
     return summary
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from qwen3exp.config.compose import quote_value
 from qwen3exp.errors import ConfigError, Problem
-from qwen3exp.run import rundir
+from qwen3exp.run import identity, rundir
 
 # ------------------------------------------------------------------------------ the resume plan
 NEW, DONE, RETRY, CONFLICT = "new", "done", "retry", "conflict"
@@ -52,7 +52,7 @@ def _state(run_dir: Path, exp_hash: str) -> tuple[str, str | None]:
     """(NEW | DONE | RETRY | CONFLICT, the earlier attempt's status)."""
     if not rundir.looks_like_run(run_dir):
         return NEW, None
-    if rundir.run_hash(run_dir) != exp_hash:
+    if identity.of_run(run_dir) != exp_hash:
         return CONFLICT, None
     summary = rundir.read_json(run_dir / rundir.SUMMARY)
     status = summary.get("status") if isinstance(summary, dict) else None
@@ -70,7 +70,7 @@ def plan(points, sweep_dir: Path, *, first_index: int = 0) -> list[Job]:
     conflicts: list = []
     for i, (overrides, exp, run_dir) in enumerate(((p.overrides, p.exp, p.run_dir) for p in points), first_index):
         run_dir = Path(run_dir)
-        data = exp.model_dump(mode="json")
+        data = identity.recorded_data(exp)
         label = " ".join(o for o in overrides if not o.startswith("hydra."))
         if run_dir in seen:
             problems.append(Problem("hydra.sweep.subdir", str(run_dir),
@@ -78,7 +78,7 @@ def plan(points, sweep_dir: Path, *, first_index: int = 0) -> list[Job]:
                                     "a subdir that differs between points (the default names it by the overrides)"))
             continue
         seen[run_dir] = i
-        state, previous = _state(run_dir, rundir.experiment_hash(data))
+        state, previous = _state(run_dir, identity.of(exp))
         if state == CONFLICT:
             conflicts.append((i, label, run_dir, data))
             continue
@@ -93,7 +93,8 @@ def plan(points, sweep_dir: Path, *, first_index: int = 0) -> list[Job]:
 def _conflict(conflicts: list, n: int, sweep_dir: Path) -> Problem:
     """One problem for every folder that holds a different experiment, with what changed (as seen
     in the first such folder)."""
-    from qwen3exp.analysis.diff import differences, show
+    from qwen3exp.analysis.diff import show
+    from qwen3exp.run.identity import differences
 
     i, label, run_dir, data = conflicts[0]
     old = rundir.read_experiment(run_dir)
@@ -169,11 +170,11 @@ def describe(jobs: list[Job], sweep_dir: Path) -> str:
 
 
 # ------------------------------------------------------------------------------- in each job
-def claim(run_dir: Path, exp_data: dict) -> bool:
+def claim(run_dir: Path, exp) -> bool:
     """Called by each sweep job before it launches. True: skip (completed earlier, same experiment).
     An unfinished attempt of the same experiment is moved to attempts/<n>/. A different experiment
     raises ConfigError (the plan refused that before the sweep; this guards a folder changed since)."""
-    state, previous = _state(run_dir, rundir.experiment_hash(exp_data))
+    state, previous = _state(run_dir, identity.of(exp))
     if state == NEW:
         return False
     if state == DONE:
