@@ -14,13 +14,12 @@ from pathlib import Path
 import pytest
 
 from conftest import CONF, REPO, read_summary, run_cli
-
-from qwen3exp.plan import memory
-from qwen3exp.config.compose import Composer, _global_experiment
+from qwen3exp.config.compose import Composer
+from qwen3exp.config.schema import NativeModel, validate_experiment
 from qwen3exp.errors import ConfigError
+from qwen3exp.plan import memory
 from qwen3exp.plan.build import make_plan, mesh_problems
 from qwen3exp.platforms import PlatformFacts
-from qwen3exp.config.schema import NativeModel, validate_experiment
 
 # ------------------------------------------------------- parameters: plan vs torchtitan's model
 # Runs in a subprocess (torchtitan must be imported after the CPU platform is prepared): builds each
@@ -101,7 +100,7 @@ def titan_counts() -> list[dict]:
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run([sys.executable, "-c", COUNT_SCRIPT, json.dumps(COUNT_CASES)], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=600)
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line is not None, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(line[len("RESULT "):])
 
@@ -226,7 +225,6 @@ def test_cpu_oversubscription_is_a_warning():
 
 # ------------------------------------------------------------------------ hooks and commands
 def test_override_hook_and_multinode_commands(monkeypatch):
-    from qwen3exp.plan import build as plan_module
     from qwen3exp.plan.render import render
 
     exp = _exp({"name": "t", "dry_run": True,
@@ -241,7 +239,7 @@ def test_override_hook_and_multinode_commands(monkeypatch):
 def test_dry_run_shows_kernel_overrides_with_node_counts(tmp_path):
     proc = run_cli("dry_run=true", "kernels=nki_rope", f"hydra.run.dir={tmp_path}/run")
     assert proc.returncode == 0, proc.stderr
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("overrides:"))
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("overrides:"))
     assert "on 2 node(s)" in line, line  # one rotary embedding per layer of the tiny model
 
 
@@ -261,6 +259,9 @@ def _compose_from_scratch(overrides: list[str]) -> tuple[dict, str]:
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
+    from qwen3exp.config.names import register_resolvers
+
+    register_resolvers()  # conf/config.yaml's run directory uses ${qwen3exp.stamp:}
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
@@ -271,19 +272,22 @@ def _compose_from_scratch(overrides: list[str]) -> tuple[dict, str]:
 
 
 def test_cached_composition_equals_hydra_compose():
-    expected = [_compose_from_scratch([_global_experiment(o) for o in p]) for p in POINTS]
+    from qwen3exp.config.compose import experiment_data
+
+    expected = [_compose_from_scratch(p) for p in POINTS]
     with Composer() as c:
-        got = [c.compose([_global_experiment(o) for o in p]) for p in POINTS]
-    for (data, run_dir), composed in zip(expected, got):
-        assert composed.data == data
-        assert composed.run_dir.rsplit("/", 1)[0] == run_dir.rsplit("/", 1)[0]  # up to the timestamp
+        got = [c.compose(p) for p in POINTS]
+        again = [c.compose(p) for p in POINTS]
+    assert all(a is b for a, b in zip(got, again, strict=True))  # cached by the overrides
+    for (data, run_dir), cfg in zip(expected, got, strict=True):
+        assert experiment_data(cfg)[0] == data
+        assert str(cfg.hydra.run.dir).rsplit("/", 1)[0] == run_dir.rsplit("/", 1)[0]  # up to the timestamp
 
 
 def test_unknown_keys_are_all_reported():
-    with Composer() as c:
-        composed = c.compose(["training.stepz=1", "trainng.lr=2", "training.steps=4"], collect=True)
-    assert [p.key for p in composed.problems] == ["training.stepz", "trainng.lr"]
-    assert composed.data["training"]["steps"] == 4
+    with Composer() as c, pytest.raises(ConfigError) as e:
+        c.compose(["training.stepz=1", "trainng.lr=2", "training.steps=4"])
+    assert [p.key for p in e.value.problems] == ["training.stepz", "trainng.lr"]
 
 
 @pytest.fixture
@@ -294,17 +298,21 @@ def conf_copy(tmp_path) -> Path:
     (conf / "config.yaml").write_text(root.replace("  seed: 42\n", ""))  # now only the schema sets it
     (conf / "parallelism" / "tp2.yaml").write_text("dp_replicate: 1\ndp_shard: -1\ntp: 2\npp: 1\ncp: 1\nep: 1\n")
     (conf / "experiment" / "prov.yaml").write_text(
-        "defaults:\n  - override /parallelism: tp2\n\nname: prov\ntraining:\n  steps: 12\nmodel:\n  flavor: tiny\n")
+        "# @package _global_\ndefaults:\n  - override /parallelism: tp2\n\n"
+        "name: prov\ntraining:\n  steps: 12\nmodel:\n  flavor: tiny\n")
     return conf
 
 
 def test_provenance_names_every_layer(conf_copy):
+    from qwen3exp.config.compose import experiment_data
     from qwen3exp.config.schema import validate_experiment as validate
+    from qwen3exp.launchers.batch import HydraFiles
 
+    overrides = ["experiment=prov", "training.lr=0.01", "data=bundled"]
     with Composer(conf_copy) as c:
-        composed = c.compose([_global_experiment("experiment=prov"), "training.lr=0.01", "data=bundled"])
-        prov = c.provenance(composed)
-    exp = validate(composed.data)
+        data, _ = experiment_data(c.compose(overrides))
+        prov = HydraFiles(c.loader, "config").provenance(overrides)
+    exp = validate(data)
     table = {k: (v, str(s)) for k, v, s in prov.table(exp.model_dump(mode="json"))}
     assert table["training.steps"] == (12, "experiment file conf/experiment/prov.yaml")
     assert table["parallelism.tp"] == (2, "group file conf/parallelism/tp2.yaml")  # swapped by the experiment
@@ -370,3 +378,64 @@ def test_real_run_writes_plan_json(tmp_path):
     assert plan["provenance"]["training.seq_len"]["source"] == "command line training.seq_len=64"
     assert plan["commands"] == [(run / "command.txt").read_text().strip()]
     assert plan["kernel_overrides"] == [] and plan["checkpoint"]["compatible"] is None
+
+
+# ------------------------------------------------------------- the plan is what the launcher runs
+def test_the_plan_holds_what_the_launcher_runs():
+    """One resolve step: the plan carries the experiment, the checked files, the placement, the
+    override claims and this node's torchrun command; plan.json shows the redacted commands."""
+    exp = _exp({"name": "t", "launcher": {"kind": "local", "nproc_per_node": 2}})
+    plan = make_plan(exp, "/tmp/run")
+    assert plan.exp is exp and plan.files.arch == plan.arch and plan.kernel_claims == []
+    assert plan.placement.nnodes == 1 and plan.placement.standalone
+    assert plan.command[:7] == [sys.executable, "-m", "qwen3exp.run.agent", "--nnodes", "1", "--nproc-per-node", "2"]
+    assert plan.command[-3:] == ["-m", "qwen3exp.worker.main", "/tmp/run"]
+    assert plan.commands == [plan.command]
+    assert "exp" not in plan.as_json() and "command" not in plan.as_json()
+
+
+def test_the_launcher_and_a_plan_do_not_import_torch():
+    """The launcher starts torchrun without importing torch or torchtitan (the ranks import them);
+    a plain experiment is planned without them too."""
+    code = ("import sys; sys.path.insert(0, 'tests'); from conftest import compose; "
+            "from qwen3exp.config.schema import validate_experiment; from qwen3exp.plan.build import make_plan; "
+            "import qwen3exp.launchers.local, qwen3exp.worker.main; "
+            "make_plan(validate_experiment(compose()), '/tmp/unused'); "
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchtitan')); "
+            "assert not heavy, heavy")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+REFUSE_IN_RANKS = '''
+import os
+if os.environ.get("QWEN3EXP_TEST_REFUSE") and "RANK" in os.environ:  # only in the ranks
+    import qwen3exp.titan.job_config as job_config
+
+    def refuse(*args, **kwargs):
+        raise ValueError("training.local_batch_size (8) must be evenly divisible by "
+                         "parallelism.pipeline_parallel_microbatch_size (3) (test)")
+
+    job_config.to_torchtitan = refuse
+'''
+
+
+@pytest.mark.slow
+def test_torchtitan_refusing_the_config_in_the_ranks_is_exit_2_before_any_step(tmp_path):
+    """torchtitan's own checks run where Trainer.Config is built: in the ranks, for a plain
+    experiment. A refusal stops torchrun at once (not restarted), exits 2 with the message and no
+    traceback, and the launch leaves nothing behind."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(REFUSE_IN_RANKS)
+    run = tmp_path / "run"
+    proc = run_cli("training.steps=3", "training.warmup_steps=1", "launcher.max_restarts=2", f"hydra.run.dir={run}",
+                   env={"QWEN3EXP_TEST_REFUSE": "1",
+                        "PYTHONPATH": os.pathsep.join([str(site), str(REPO), os.environ.get("PYTHONPATH", "")])},
+                   timeout=300)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "(torchtitan Trainer.Config) = 'ValueError': training.local_batch_size (8) must be evenly" in proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "step:" not in proc.stdout  # no training step ran
+    assert not run.exists()  # the claim of this launch is released with what it wrote

@@ -4,7 +4,13 @@ Mesh (what -1 resolved to), batches and tokens, parameter counts (total, active 
 after sharding), the per-rank memory estimate against the platform's memory (`qwen3exp.plan.memory`),
 the kernel overrides that will apply, the checkpoint verdict, and the exact torchrun command(s).
 `make_plan` also runs every check that needs the platform or the file system, and reports all
-problems together. Pure arithmetic on plain data: no torch, no torchtitan, no model is built.
+problems together. Pure arithmetic on plain data: no torch, no torchtitan, no model is built
+(except where kernel overrides are active: their matches are computed on torchtitan's config tree,
+built once, by `qwen3exp.titan`).
+
+The Plan is the one resolved object of a launch: besides what it shows, it holds the experiment, the
+checked model files, the node placement, the override claims and this node's torchrun command, and
+`qwen3exp.launchers.local.launch(plan, run_dir)` runs it without resolving anything again.
 
 `python -m qwen3exp dry_run=true` prints the plan (`qwen3exp.plan.render`); every real run writes it
 to `plan.json` in its run directory.
@@ -13,15 +19,20 @@ to `plan.json` in its run directory.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Set as AbstractSet
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from qwen3exp.plan import memory
-from qwen3exp.errors import ConfigError, Problem, one_of
 from qwen3exp.config.flavors import Arch
+from qwen3exp.config.schema import Experiment, NativeModel
+from qwen3exp.errors import ConfigError, Problem, one_of
+from qwen3exp.plan import memory
 from qwen3exp.platforms import PlatformFacts
-from qwen3exp.config.schema import Experiment
+
+if TYPE_CHECKING:
+    from qwen3exp.plan.model_files import ModelFiles
+    from qwen3exp.plan.placement import Placement
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,17 @@ class Plan:
     kernel_overrides: list[tuple[str, int]]
     checkpoint: CheckpointVerdict
     commands: list[list[str]]
+    """Every node's torchrun command, secrets redacted (what is shown and written)."""
+    exp: Experiment
+    """The experiment this plan resolves (not in plan.json: experiment.yaml holds it)."""
+    files: ModelFiles
+    """The checked model files: architecture, tokenizer folder, the weights loaded at step 0."""
+    placement: Placement
+    """Where the torchrun agents run; this launcher's node."""
+    kernel_claims: list[dict]
+    """Every torchtitan override that applies, with the config nodes it replaces (for summary.json)."""
+    command: list[str]
+    """This node's torchrun command as it is run (not redacted; `commands` holds the shown form)."""
     launch_notes: list[str] = field(default_factory=list)
     """How the commands start: the sbatch options (launcher=slurm), the per-node launchers."""
     provenance: list[tuple[str, Any, Any]] = field(default_factory=list)
@@ -164,7 +186,7 @@ def mesh_problems(parallelism, launcher, facts: PlatformFacts) -> tuple[Mesh | N
 
 def resolve_mesh(exp: Experiment, facts: PlatformFacts) -> Mesh:
     mesh, problems = mesh_problems(exp.parallelism, exp.launcher, facts)
-    if problems:
+    if problems or mesh is None:
         raise ConfigError(problems)
     return mesh
 
@@ -189,7 +211,7 @@ def batch_problems(training, mesh: Mesh) -> tuple[Batches | None, list[Problem]]
 
 def resolve_batches(exp: Experiment, mesh: Mesh) -> Batches:
     batches, problems = batch_problems(exp.training, mesh)
-    if problems:
+    if problems or batches is None:
         raise ConfigError(problems)
     return batches
 
@@ -200,18 +222,19 @@ def mesh_dict(mesh: Mesh) -> dict:
 
 # ------------------------------------------------------------ hooks: kernels, checkpoints
 # The kernels group (qwen3exp/kernels/) and the checkpoint group fill these three functions. They
-# must stay cheap (no torchtitan import): the dry run calls them for every sweep point.
+# must stay cheap (no torchtitan import unless kernel overrides are active): the dry run calls them
+# for every sweep point.
 def kernel_claims(exp: Experiment, facts, mesh, batches, files) -> list[dict]:
     """Every torchtitan override this experiment will apply, with the model nodes it replaces
     (`qwen3exp.titan.overrides.check`: matches computed on the config tree, no model built; the
     default kernels override nothing and import nothing). Raises ConfigError for kernels that do not
     fit (no match, two overrides on one node, nki_moe on a dense model, a seq_len the kernel cannot
-    tile on Neuron, ...)."""
-    from qwen3exp.titan import overrides
-    from qwen3exp.launchers.local import Prepared, build_torchtitan_config
+    tile on Neuron, ...) and for what torchtitan's own checks refuse in the config they are matched
+    on. That Trainer.Config is built once, here, and only for the match: its run directory is a
+    placeholder (the ranks build the one they train with)."""
+    from qwen3exp.titan.job_config import override_claims
 
-    prep = Prepared(exp, facts, mesh, batches, files)
-    return overrides.check(exp, facts, lambda: build_torchtitan_config(prep, Path("/nonexistent/pre-launch")))
+    return override_claims(exp, facts)
 
 
 def checkpoint_verdict(exp: Experiment, files, run_dir: Path) -> CheckpointVerdict:
@@ -221,7 +244,8 @@ def checkpoint_verdict(exp: Experiment, files, run_dir: Path) -> CheckpointVerdi
     c = exp.checkpoint
     match c.kind:
         case "none":
-            return CheckpointVerdict(None, "checkpoint=none: nothing is loaded (random initialisation), nothing is saved")
+            return CheckpointVerdict(None, "checkpoint=none: nothing is loaded (random initialisation), "
+                                           "nothing is saved")
         case "dcp":
             step = rundir.latest_checkpoint_step(run_dir)
             saves = (f"saves checkpoint/step-N every {c.interval} steps and at the last step, keeps "
@@ -241,7 +265,7 @@ def checkpoint_verdict(exp: Experiment, files, run_dir: Path) -> CheckpointVerdi
 
 
 # ------------------------------------------------------------------------------ checks
-def section_problems(sections: dict[str, Any], replaced: set[str] = frozenset()) -> list[Problem]:
+def section_problems(sections: dict[str, Any], replaced: AbstractSet[str] = frozenset()) -> list[Problem]:
     """The plan's checks on whatever sections are valid on their own (used when the experiment as a
     whole is invalid, so that a mistake in one section does not hide one in another). `replaced`:
     keys whose bad value was replaced by its default to validate the rest; no problem about them."""
@@ -256,14 +280,14 @@ def section_problems(sections: dict[str, Any], replaced: set[str] = frozenset())
 def _section_problems(sections: dict[str, Any]) -> list[Problem]:
     from types import SimpleNamespace
 
-    from qwen3exp.plan import data_files, model_files, tracking
+    from qwen3exp.plan import data_files, model_files
     from qwen3exp.platforms import resolve
 
     problems: list[Problem] = []
     if all(k in sections for k in ("model", "checkpoint", "training", "parallelism")):
         try:  # model_files only reads these four sections
-            model_files.check(SimpleNamespace(**{k: sections[k] for k in ("model", "checkpoint", "training",
-                                                                          "parallelism")}))
+            model_files.check(cast(Experiment, SimpleNamespace(**{k: sections[k] for k in (
+                "model", "checkpoint", "training", "parallelism")})))
         except ConfigError as e:
             problems += e.problems
     if "data" in sections:
@@ -282,13 +306,13 @@ def _section_problems(sections: dict[str, Any]) -> list[Problem]:
 
 
 def make_plan(exp: Experiment, run_dir: str | Path, *, overrides: list[str] | tuple[str, ...] = (),
-              provenance=None, job_num: int | None = None) -> Plan:
+              provenance=None, job_num: int | None = None, env: Mapping[str, str] | None = None) -> Plan:
     """Resolve and check everything; raise ConfigError naming every problem. A plan that does not fit
-    in memory is a problem, unless `exp.dry_run` (then it is a loud warning in `Plan.warnings`)."""
+    in memory is a problem, unless `exp.dry_run` (then it is a loud warning in `Plan.warnings`).
+    `env`: the scheduler's environment for the node placement (default: this process's)."""
     from qwen3exp.plan import data_files, model_files, placement, tracking
-    from qwen3exp.launchers.local import Prepared, torchrun_commands
-    from qwen3exp.run.provenance import redact_argv
     from qwen3exp.platforms import experiment_problems, host_problems, resolve
+    from qwen3exp.run.provenance import redact_argv
 
     problems: list[Problem] = []
     try:
@@ -315,7 +339,7 @@ def make_plan(exp: Experiment, run_dir: str | Path, *, overrides: list[str] | tu
         except ConfigError as e:
             problems += e.problems
     try:
-        where = placement.resolve(exp, os.environ)
+        where = placement.resolve(exp, os.environ if env is None else env)
     except ConfigError as e:
         problems += e.problems
         where = None
@@ -351,14 +375,53 @@ def make_plan(exp: Experiment, run_dir: str | Path, *, overrides: list[str] | tu
         problems.append(Problem("checkpoint", exp.checkpoint.kind, verdict.detail, "a checkpoint of this architecture"))
     if problems:
         raise ConfigError(problems)
-    prep = Prepared(exp, facts, mesh, batches, files, where)
+    assert files is not None  # arch is files.arch
+    commands = placement.torchrun_commands(exp, where, nnodes=mesh.nnodes, nproc_per_node=mesh.nproc_per_node,
+                                           run_dir=Path(run_dir))
+    command = placement.torchrun_argv(exp, where, nnodes=mesh.nnodes, nproc_per_node=mesh.nproc_per_node,
+                                      run_dir=Path(run_dir))
     return Plan(
         name=exp.name, run_dir=str(run_dir), overrides=list(overrides), platform=facts, mesh=mesh,
         batches=batches, arch=arch, parameters=params, memory=mem,
         kernel_overrides=[(f"{c['key']} -> {c['target']}", len(c["nodes"])) for c in claims], checkpoint=verdict,
-        commands=[redact_argv(c) for c in torchrun_commands(prep, Path(run_dir))], launch_notes=placement.notes(exp, where),
+        commands=[redact_argv(c) for c in commands], exp=exp, files=files, placement=where,
+        kernel_claims=claims, command=command,
+        launch_notes=placement.notes(exp, where),
         provenance=provenance.table(exp.model_dump(mode="json")) if provenance is not None else [],
         warnings=warnings)
+
+
+# ---------------------------------------------------------------- the resolved parts alone
+@dataclass(frozen=True)
+class Prepared:
+    """What `prepare` resolves: the parts of a plan a launch depends on, without the memory, host,
+    data and checkpoint checks (tests and notebooks use it to convert an experiment)."""
+    exp: Experiment
+    facts: PlatformFacts
+    mesh: Mesh
+    batches: Batches
+    files: ModelFiles
+    placement: Placement
+    overrides: list[dict] = field(default_factory=list)
+    """The torchtitan overrides the experiment activates, with the config nodes each one replaces."""
+
+
+def prepare(exp: Experiment, env: Mapping[str, str] | None = None) -> Prepared:
+    """Check the model's files, resolve the platform, the mesh, the batches, the node placement and
+    the kernel override claims; raise ConfigError on the first failing stage (cheap: no torchtitan
+    unless kernel overrides are active). A launch runs `make_plan`'s Plan instead."""
+    from qwen3exp.plan import model_files, placement, tracking
+    from qwen3exp.platforms import experiment_problems, resolve
+
+    files = model_files.check(exp)
+    facts = resolve(exp.platform, nproc_per_node=exp.launcher.nproc_per_node, dry_run=exp.dry_run)
+    problems = experiment_problems(exp, facts) + tracking.check(exp)
+    if problems:
+        raise ConfigError(problems)
+    mesh = resolve_mesh(exp, facts)
+    batches = resolve_batches(exp, mesh)
+    where = placement.resolve(exp, os.environ if env is None else env)
+    return Prepared(exp, facts, mesh, batches, files, where, kernel_claims(exp, facts, mesh, batches, files))
 
 
 def _memory_problem(exp: Experiment, mem: memory.Memory) -> Problem:
@@ -374,8 +437,15 @@ def _memory_problem(exp: Experiment, mem: memory.Memory) -> Problem:
         hints.append("training.dtype=bfloat16")
     hints.append("more ranks (launcher.nnodes / launcher.nproc_per_node) so FSDP shards further")
     state = mem.parameters + mem.gradients + mem.optimizer
+    key: str
+    value: object
     if state > mem.usable:  # the model itself does not fit this mesh: smaller model or more ranks
-        key, value = "model.flavor", exp.model.flavor
+        match exp.model:
+            case NativeModel() as m:
+                key, value = "model.flavor", m.flavor
+            case m:  # model=hf: the architecture is the folder's config.json
+                key, value = ("model.hf_model", m.hf_model) if m.hf_model else ("model.hf_assets_path",
+                                                                                m.hf_assets_path)
     else:  # activations tip it over
         key, value = "training.local_batch_size", exp.training.local_batch_size
     return Problem(

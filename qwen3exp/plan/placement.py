@@ -3,15 +3,19 @@ rendezvous, and what starts the agents (torchrun itself, or srun starting one ag
 
 Resolved from the validated launcher section and the scheduler's environment (SLURM_NODEID for a
 local launcher started by srun; the job's node list inside a SLURM job, see `qwen3exp.launchers.slurm`).
+`torchrun_commands` / `torchrun_argv` build the agents' commands from it (the plan records them; the
+launcher runs its node's one).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
-from qwen3exp.errors import ConfigError, Problem
 from qwen3exp.config.schema import Experiment, LocalLauncher, SlurmLauncher
+from qwen3exp.errors import ConfigError, Problem
 
 # One node and no endpoint: like torchrun --standalone (a free port on localhost) but with a fixed
 # run id, so that the per-rank log paths are predictable.
@@ -70,6 +74,7 @@ def _local(exp: Experiment, la: LocalLauncher, env: Mapping[str, str]) -> Placem
         return Placement(1, 0, STANDALONE_ENDPOINT, STANDALONE_ID, how)
     hint = (f"start the same command on each of the {la.nnodes} nodes with launcher.node_rank=0..{la.nnodes - 1} "
             f"(same rdzv_endpoint and, on a shared file system, the same hydra.run.dir)") if la.nnodes > 1 else None
+    assert la.rdzv_endpoint is not None  # the schema requires one for nnodes > 1
     return Placement(la.nnodes, node_rank, la.rdzv_endpoint, exp.name, how, per_node_hint=hint)
 
 
@@ -84,3 +89,36 @@ def notes(exp: Experiment, where: Placement) -> list[str]:
             return [f"this is node {where.node_rank} of {where.nnodes} ({where.how}); c10d rendezvous at "
                     f"{where.rdzv_endpoint}", f"other nodes: {where.per_node_hint}"]
     return []
+
+
+# --------------------------------------------------------------------------- torchrun commands
+def torchrun_commands(exp: Experiment, where: Placement, *, nnodes: int, nproc_per_node: int,
+                      run_dir: Path) -> list[list[str]]:
+    """The command of every node's torchrun agent: one per node rank when a launcher runs on each
+    node; one (srun starting them all) in a SLURM job. `nnodes` / `nproc_per_node`: the mesh's."""
+    if nnodes == 1 or where.agent_prefix:
+        return [torchrun_argv(exp, where, nnodes=nnodes, nproc_per_node=nproc_per_node, run_dir=run_dir)]
+    return [torchrun_argv(exp, where, nnodes=nnodes, nproc_per_node=nproc_per_node, run_dir=run_dir, node_rank=r)
+            for r in range(nnodes)]
+
+
+def torchrun_argv(exp: Experiment, where: Placement, *, nnodes: int, nproc_per_node: int, run_dir: Path,
+                  node_rank: int | None = None) -> list[str]:
+    """The command that starts one node's torchrun agent (default: this launcher's node; with srun:
+    every node's agent)."""
+    from qwen3exp.run import rundir
+
+    run_dir = Path(run_dir)
+    # qwen3exp.run.agent is torchrun's own main plus a record of how each failed rank died (a rank
+    # killed by a signal writes nothing itself): see qwen3exp.run.agent.root_cause.
+    argv = [*where.agent_prefix, sys.executable, "-m", "qwen3exp.run.agent",
+            "--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", where.rdzv_endpoint, "--rdzv-id", where.rdzv_id]
+    if nnodes > 1 and not where.agent_prefix:
+        # For the record only (which node's agent this is): c10d assigns the ranks itself, and
+        # torchrun says so in a warning.
+        argv += ["--node-rank", str(where.node_rank if node_rank is None else node_rank)]
+    argv += ["--max-restarts", str(exp.launcher.max_restarts),
+             "--log-dir", str(run_dir / rundir.LOGS), "--tee", "3", "--local-ranks-filter", "0",
+             "-m", "qwen3exp.worker.main", str(run_dir)]
+    return argv

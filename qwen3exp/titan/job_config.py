@@ -1,20 +1,93 @@
 """The conversion: a validated Experiment (+ resolved platform) -> torchtitan's `Trainer.Config`.
 
-One pure, deterministic function, run once in the launcher (so torchtitan's own checks fail before
-any worker starts) and again in every rank (the qwen3 `Trainer.Config` holds closures and cannot be
-pickled). torchtitan is imported inside the function only. Its one side effect, registering the
-local dataset in torchtitan's dataset table, is idempotent.
+One pure, deterministic function, run in every rank (the qwen3 `Trainer.Config` holds closures and
+cannot be pickled), and in the launcher only where the plan needs the config tree (kernel overrides:
+their matches are computed on it, once per plan). torchtitan is imported inside the function only.
+Its one side effect, registering the local dataset in torchtitan's dataset table, is idempotent.
+
+torchtitan's own checks (`Trainer.Config.__post_init__`) run wherever the config is built:
+`build_checked` turns what they raise into a ConfigError naming torchtitan. In a rank that is
+before the trainer is built, so before any training step: the rank records the refusal
+(`write_refusal`, `logs/config_error.json`) and exits with code 2; the launcher, which watches for
+that file, stops torchrun at once and ends the launch with the ConfigError (`read_refusal`).
 """
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
-from qwen3exp.plan import model_files
 from qwen3exp.assets import CORPUS_DIR
 from qwen3exp.config.flavors import Arch
-from qwen3exp.platforms import PlatformFacts
 from qwen3exp.config.schema import Experiment
+from qwen3exp.errors import ConfigError, Problem
+from qwen3exp.plan import model_files
+from qwen3exp.platforms import PlatformFacts
+
+TORCHTITAN_KEY = "(torchtitan Trainer.Config)"
+"""The key of a problem torchtitan's own checks found (no single experiment key is to blame)."""
+REFUSAL = "config_error.json"
+"""Under the run directory's `logs/`: the ConfigError a rank met while building Trainer.Config."""
+_TORCHTITAN_ERRORS = (ValueError, AssertionError, TypeError, KeyError)
+
+
+def build_checked(exp: Experiment, facts: PlatformFacts, run_dir: Path):
+    """`to_torchtitan`, with what torchtitan's own checks raise as a ConfigError."""
+    try:
+        return to_torchtitan(exp, facts, run_dir)
+    except _TORCHTITAN_ERRORS as e:
+        raise ConfigError([Problem(TORCHTITAN_KEY, type(e).__name__, str(e) or repr(e))]) from None
+
+
+def override_claims(exp: Experiment, facts: PlatformFacts) -> list[dict]:
+    """The kernel override claims of the plan (`qwen3exp.titan.overrides.check`): the Trainer.Config
+    is built only when an override is active, once, with a placeholder run directory (only its
+    model tree is matched; the ranks build the config they train with)."""
+    from qwen3exp.titan import overrides
+
+    return overrides.check(exp, facts, lambda: build_checked(exp, facts, Path("/nonexistent/pre-launch")))
+
+
+def init_logging() -> None:
+    """torchtitan's logger for a rank (its format and level), before the config is built."""
+    from torchtitan.tools.logging import init_logger
+
+    init_logger()
+
+
+def refusal_path(run_dir: Path) -> Path:
+    from qwen3exp.run import rundir
+
+    return Path(run_dir) / rundir.LOGS / REFUSAL
+
+
+def write_refusal(run_dir: Path, error: ConfigError) -> None:
+    """A rank's record of the ConfigError it met (every rank may write it: the content is the same)."""
+    from dataclasses import asdict
+
+    from qwen3exp.run import rundir
+
+    rundir.atomic_write_json(refusal_path(run_dir), {
+        "rank": int(os.environ.get("RANK", "0")),
+        "problems": [{**asdict(p), "value": _plain(p.value)} for p in error.problems]})
+
+
+def read_refusal(run_dir: Path) -> ConfigError | None:
+    """The ConfigError a rank of this launch recorded, or None."""
+    try:
+        data = json.loads(refusal_path(run_dir).read_text())
+        return ConfigError([Problem(**p) for p in data["problems"]])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _plain(value):
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return str(value)
 
 
 def resolve_arch(exp: Experiment) -> Arch:
@@ -40,15 +113,14 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
     from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
     from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
     from torchtitan.config import CommConfig, CompileConfig, ParallelismConfig, TrainingConfig
-    from torchtitan.config.override import OverrideConfig
     from torchtitan.config.configs import DebugConfig
+    from torchtitan.config.override import OverrideConfig
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
     from torchtitan.trainer import Trainer
 
     from qwen3exp.run import rundir
-    from qwen3exp.titan import overrides
-    from qwen3exp.titan import dataset
+    from qwen3exp.titan import dataset, overrides
     from qwen3exp.titan.metrics import JsonlMetricsProcessor
 
     t, p = exp.training, exp.parallelism

@@ -2,10 +2,18 @@
 
 Order matters: die with torchrun (a rank must never outlive its agent), read the resolved files,
 prepare the platform (before the first torchtitan import: torchtitan binds the device type at
-import), rebuild `Trainer.Config`, train. Hydra never runs here. A failure writes
-`logs/error_rank<R>.json` (rank, type, message, traceback) at once, before any cleanup, so the
-launcher reports the rank's own error instead of torchrun's wrapper text. The fault-injection test
-hooks (`qwen3exp.run.faults`) are read here.
+import), rebuild `Trainer.Config`, train. Hydra never runs here.
+
+Building `Trainer.Config` here is where torchtitan's own config checks run for a plain experiment
+(the launcher does not import torchtitan; the plan built it only when kernel overrides are active).
+What they refuse is a configuration error, found before the trainer is built, so before any
+training step: the rank records it (`logs/config_error.json`, `qwen3exp.titan.job_config`),
+prints one line, no traceback, and exits with code 2; the launcher stops torchrun and exits 2 with
+the message. Rank 0 writes the config it trains with to `torchtitan_config.json`.
+
+Any other failure writes `logs/error_rank<R>.json` (rank, type, message, traceback) at once, before
+any cleanup, so the launcher reports the rank's own error instead of torchrun's wrapper text. The
+fault-injection test hooks (`qwen3exp.run.faults`) are read here.
 """
 
 from __future__ import annotations
@@ -18,8 +26,9 @@ import time
 import traceback
 from pathlib import Path
 
-from qwen3exp.run import faults, procs, rundir
+from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError
 from qwen3exp.platforms import PlatformFacts, prepare_worker
+from qwen3exp.run import faults, procs, rundir
 
 
 def load_run(run_dir: Path):
@@ -48,18 +57,21 @@ def train(run_dir: Path) -> None:
     exp, facts = load_run(run_dir)
     prepare_worker(facts)
 
-    import torch
-    from torchtitan.tools.logging import init_logger
-
     from qwen3exp.titan import overrides
-    from qwen3exp.titan.job_config import to_torchtitan
+    from qwen3exp.titan.job_config import build_checked, init_logging
 
-    init_logger()
-    config = to_torchtitan(exp, facts, run_dir)
+    init_logging()
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        config = build_checked(exp, facts, run_dir)
+    except ConfigError as e:  # torchtitan's own checks refused it: before the trainer, before any step
+        _refuse(run_dir, e)
+    if rank == 0:
+        rundir.atomic_write_json(run_dir / rundir.TORCHTITAN_CONFIG, config.to_dict())
     # torchtitan applies the overrides while building; keep its [Override] lines as a record.
-    with overrides.record_applied(run_dir, write=int(os.environ.get("RANK", "0")) == 0):
+    with overrides.record_applied(run_dir, write=rank == 0):
         trainer = config.build()
-    faults.install(trainer, injected, int(os.environ.get("RANK", "0")))
+    faults.install(trainer, injected, rank)
     trainer.train()
     _finish(trainer)
 
@@ -78,6 +90,20 @@ def _finish(trainer) -> None:
     trainer.close()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+def _refuse(run_dir: Path, exc: ConfigError) -> None:
+    """torchtitan refused the configuration before the trainer was built: record it for the launcher
+    (which prints it and exits 2), say so in one line, exit 2 at once."""
+    from qwen3exp.titan.job_config import write_refusal
+
+    try:
+        write_refusal(run_dir, exc)
+        print(f"qwen3exp: rank {os.environ.get('RANK', '0')}: torchtitan refused the configuration "
+              "(the launcher reports why)", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+    finally:
+        os._exit(EXIT_CONFIG_ERROR)
 
 
 def _fail_fast(run_dir: Path, exc: BaseException) -> None:
@@ -128,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         train(run_dir)
     except KeyboardInterrupt:
-        raise SystemExit(130)
+        raise SystemExit(130) from None
     except Exception as e:
         _fail_fast(run_dir, e)
     _exit_done()
