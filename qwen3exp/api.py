@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from qwen3exp.config.names import stamp
-from qwen3exp.run import rundir
 from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError
+from qwen3exp.run import rundir
 
 
 class Refused(Exception):
@@ -46,9 +46,10 @@ def plan(exp, run_dir: str | Path | None = None):
     """Resolve and check everything a launch would (model files, data, platform, mesh, memory,
     placement); the Plan a dry run prints. Raises ConfigError naming every problem."""
     from qwen3exp.plan.build import make_plan
+    from qwen3exp.titan.job_config import override_claims
 
     where = run_dir if run_dir is not None else f"outputs/{exp.name}/{stamp()}"
-    return make_plan(exp, where)
+    return make_plan(exp, where, claims_of=override_claims)
 
 
 def run(overrides: Sequence[str] = (), *, config_dir: str | Path | None = None, run_dir: str | Path | None = None,

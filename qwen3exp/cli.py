@@ -77,8 +77,10 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None) -> 
     try:
         return _launch(inv, master, out, command, dry)
     except SystemExit as e:
-        discard = discard or e.code == EXIT_CONFIG_ERROR  # refused before any job started
-        raise
+        if e.code != EXIT_CONFIG_ERROR:
+            raise
+        discard = True  # refused before any job started (the launcher printed why)
+        return EXIT_CONFIG_ERROR
     finally:
         held.release(discard=discard)
 

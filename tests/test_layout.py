@@ -4,8 +4,10 @@ An experiment goes through these stages, in this order (the rank of each package
   0  errors, units, assets   plain helpers and the data shipped with qwen3exp
   1  config                  text (conf/, the command line) -> one validated, frozen `Experiment`
   2  platforms, kernels      the device facts of the chosen platform; the kernels the ranks call
-  3  plan                    what will run (mesh, memory, files, tracking), checked before launch
-  4  run                     the run directory, claims, processes, provenance, the torchrun agent
+  3  run                     the run directory, claims, identity, processes, provenance, the agent
+  4  plan                    what will run (mesh, memory, files, placement, tracking, the torchrun
+                             command, the checkpoint verdict against the run directory), checked
+                             before launch
   5  analysis                reports, diffs and relaunches of finished runs
   6  titan                   the torchtitan adapter: the ONLY package that imports torchtitan
   7  worker                  a rank's entry point (torchrun starts it)
@@ -37,8 +39,8 @@ RANKS: dict[str, int] = {
     "qwen3exp.config": 1,
     "qwen3exp.platforms": 2,
     "qwen3exp.kernels": 2,
-    "qwen3exp.plan": 3,
-    "qwen3exp.run": 4,
+    "qwen3exp.run": 3,
+    "qwen3exp.plan": 4,
     "qwen3exp.analysis": 5,
     "qwen3exp.titan": 6,
     "qwen3exp.worker": 7,
@@ -210,6 +212,6 @@ def test_the_checker_sees_lazy_relative_and_guarded_imports():
     assert ("qwen3exp.cli.main", 3) in found and ("qwen3exp.run.rundir", 5) in found
     assert ("qwen3exp.worker.main", 6) in found
     assert _type_checking_lines(tree) == {3}
-    assert rank("qwen3exp.plan.memory.gib") == 3 and rank("qwen3exp.cli.main") == 9 and rank("numpy") is None
+    assert rank("qwen3exp.plan.memory.gib") == 4 and rank("qwen3exp.cli.main") == 9 and rank("numpy") is None
     assert rank("qwen3exp") == 0 and rank("qwen3exp.newstage") is None
     assert not _first_party("hydra_plugins.hydra_submitit_launcher.submitit_launcher")

@@ -14,12 +14,12 @@ import time
 import pytest
 
 from conftest import compose
-from qwen3exp.run import faults, procs
-from qwen3exp.plan import placement
-from qwen3exp.launchers import slurm
 from qwen3exp.cli import main
-from qwen3exp.errors import ConfigError
 from qwen3exp.config.schema import validate_experiment
+from qwen3exp.errors import ConfigError
+from qwen3exp.launchers import slurm
+from qwen3exp.plan import placement, slurm_nodes
+from qwen3exp.run import faults, procs
 
 TWO_NODES = ("launcher.nnodes=2", "launcher.nproc_per_node=1", "launcher.rdzv_endpoint=10.0.0.1:29400")
 
@@ -78,28 +78,22 @@ def test_slurm_dry_run_shows_sbatch_and_srun(capsys):
     assert "--rdzv-endpoint '<first node>:<free port>'" in out
 
 
-def test_slurm_launcher_section_reaches_hydra_submitit_launcher():
-    """The overrides the command line adds for launcher=slurm, composed by Hydra itself: the
-    submitit launcher gets the validated launcher section's values."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
+def test_slurm_launcher_section_reaches_hydra_submitit_launcher(tmp_path):
+    """qwen3exp's launcher sets hydra-submitit-launcher's SlurmLauncher up from the validated
+    launcher section: the executor gets exactly those values."""
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 
-    from conftest import CONF
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = hydra_compose("config", return_hydra_config=True, overrides=[
-            "launcher=slurm", "launcher.nnodes=4", "launcher.partition=trn2", "launcher.cpus_per_node=96",
-            "launcher.time_limit_min=90", "+launcher.additional_parameters.exclusive=true",
-            "launcher.setup=[module load neuron]", *slurm.hydra_overrides()])
-    GlobalHydra.instance().clear()
-    hl = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
-    assert hl["_target_"].endswith("submitit_launcher.SlurmLauncher")
+    exp = validate_experiment(compose(
+        "launcher=slurm", "launcher.nnodes=4", "launcher.partition=trn2", "launcher.cpus_per_node=96",
+        "launcher.time_limit_min=90", "+launcher.additional_parameters.exclusive=true",
+        "launcher.setup=[module load neuron]"))
+    params = slurm.submitit_params(exp, tmp_path)
+    hl = SlurmLauncher(**params).params  # what submitit's executor is updated with
     assert (hl["nodes"], hl["tasks_per_node"], hl["cpus_per_task"], hl["partition"], hl["timeout_min"]) == \
         (4, 1, 96, "trn2", 90)
     assert hl["use_srun"] is False and hl["additional_parameters"] == {"exclusive": True}
     assert hl["setup"] == ["module load neuron"] and hl["account"] is None and hl["name"] == "tiny_native"
+    assert hl["submitit_folder"] == f"{tmp_path}/.submitit/%j"
 
 
 def _slurm_exp(*args):
@@ -108,7 +102,7 @@ def _slurm_exp(*args):
 
 def test_placement_inside_a_slurm_job(monkeypatch):
     exp = _slurm_exp("launcher.nnodes=2")
-    monkeypatch.setattr(slurm, "hostnames", lambda nodelist: {"trn[07-08]": ["trn07", "trn08"]}[nodelist])
+    monkeypatch.setattr(slurm_nodes, "hostnames", lambda nodelist: {"trn[07-08]": ["trn07", "trn08"]}[nodelist])
     where = placement.resolve(exp, {"SLURM_JOB_ID": "812", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "0",
                                     "SLURM_JOB_NODELIST": "trn[07-08]"})
     assert where.rdzv_endpoint.startswith("trn07:") and where.rdzv_id == "812"

@@ -185,6 +185,11 @@ class Kernels(_Strict):
     overrides: list[UserOverride] = Field(default_factory=list)
     """Your own torchtitan overrides, applied together with the ones above."""
 
+    @property
+    def active(self) -> bool:
+        """Whether any torchtitan override is applied (the default kernels apply none)."""
+        return self.rope.impl != "torchtitan" or self.moe.impl != "torchtitan" or bool(self.overrides)
+
 
 # ---------------------------------------------------------------------------------- checkpoint
 class _CheckpointKind(_Strict):

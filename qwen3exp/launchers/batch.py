@@ -124,6 +124,7 @@ def check_job(cfg, files: HydraFiles, overrides: list[str], *, context: str | No
     from qwen3exp.config.compose import experiment_data
     from qwen3exp.config.schema import check_experiment
     from qwen3exp.plan.build import make_plan, section_problems
+    from qwen3exp.titan.job_config import override_claims
 
     try:
         data, problems = experiment_data(cfg)
@@ -139,7 +140,7 @@ def check_job(cfg, files: HydraFiles, overrides: list[str], *, context: str | No
     plan = None
     if not problems and exp is not None:
         try:
-            plan = make_plan(exp, run_dir, overrides=overrides, provenance=provenance)
+            plan = make_plan(exp, run_dir, overrides=overrides, provenance=provenance, claims_of=override_claims)
         except ConfigError as e:
             problems = e.problems
     if problems:

@@ -28,16 +28,17 @@ import shlex
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
-from qwen3exp.config.schema import Experiment, HFExport, HFRoundtrip, LocalLauncher
+from qwen3exp.config.schema import Experiment, HFExport, HFRoundtrip
 from qwen3exp.errors import ConfigError, Problem
 from qwen3exp.plan import model_files, tracking
-from qwen3exp.plan.build import Plan, Prepared, prepare  # noqa: F401 - prepare: kept for tests and notebooks
+from qwen3exp.plan.build import Plan, Prepared, prepare as _prepare
 from qwen3exp.plan.placement import Placement
 from qwen3exp.platforms import PlatformFacts
-from qwen3exp.run import procs, provenance, rundir
+from qwen3exp.run import identity, procs, provenance, rundir
 from qwen3exp.titan import job_config
 from qwen3exp.titan.overrides import merge_applied
 
@@ -57,17 +58,8 @@ def rank_env(facts: PlatformFacts, run_dir: Path) -> dict[str, str]:
     return env
 
 
-def run_experiment(exp: Experiment) -> Experiment:
-    """The experiment as written to the run directory and hashed. Across nodes it must be one: the
-    node's own rank is per launcher and is not part of it."""
-    la = exp.launcher
-    if la.nnodes > 1 and isinstance(la, LocalLauncher) and la.node_rank is not None:
-        return exp.model_copy(update={"launcher": la.model_copy(update={"node_rank": None})})
-    return exp
-
-
 def experiment_hash(exp: Experiment) -> str:
-    return rundir.experiment_hash(run_experiment(exp).model_dump(mode="json"))
+    return identity.of(exp)
 
 
 def may_join(exp: Experiment, run_dir: Path) -> bool:
@@ -75,8 +67,7 @@ def may_join(exp: Experiment, run_dir: Path) -> bool:
     launcher (every node's launcher writes the run files; whichever comes first)."""
     if exp.launcher.nnodes == 1 or (run_dir / rundir.SUMMARY).exists():
         return False
-    there = rundir.read_experiment(run_dir)
-    return there is not None and rundir.experiment_hash(there) == experiment_hash(exp)
+    return rundir.read_experiment(run_dir) is not None and identity.same(exp, run_dir)
 
 
 def node_file(name: str, where: Placement) -> str:
@@ -93,7 +84,7 @@ def write_run_files(plan: Plan, run_dir: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     rundir.atomic_write_json(run_dir / node_file(rundir.PLAN, plan.placement), plan.as_json())
     rundir.atomic_write_text(run_dir / rundir.EXPERIMENT,
-                             rundir.experiment_yaml(run_experiment(plan.exp).model_dump(mode="json")))
+                             rundir.experiment_yaml(identity.recorded_data(plan.exp)))
     rundir.atomic_write_json(run_dir / rundir.PLATFORM, asdict(plan.platform))
     rundir.atomic_write_text(run_dir / node_file(rundir.COMMAND, plan.placement),
                              shlex.join(provenance.redact_argv(plan.command)) + "\n")
@@ -319,3 +310,11 @@ def launch(plan: Plan, run_dir: Path, *, origin: provenance.Origin | None = None
     print(f"qwen3exp: {status}: {run_dir}  last loss {last if last is None else f'{last:.4f}'}  "
           f"wall {wall:.1f}s" + (f"\n  error: {error}" if error else ""), flush=True)
     return summary
+
+
+def prepare(exp: Experiment, env: Mapping[str, str] | None = None) -> Prepared:
+    """`plan.build.prepare` with the torchtitan adapter's kernel override matcher (for tests and
+    notebooks; a launch runs make_plan's Plan)."""
+    from qwen3exp.titan.job_config import override_claims
+
+    return _prepare(exp, env, claims_of=override_claims)

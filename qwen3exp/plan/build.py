@@ -19,7 +19,7 @@ to `plan.json` in its run directory.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Set as AbstractSet
+from collections.abc import Callable, Mapping, Set as AbstractSet
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -224,17 +224,24 @@ def mesh_dict(mesh: Mesh) -> dict:
 # The kernels group (qwen3exp/kernels/) and the checkpoint group fill these three functions. They
 # must stay cheap (no torchtitan import unless kernel overrides are active): the dry run calls them
 # for every sweep point.
-def kernel_claims(exp: Experiment, facts, mesh, batches, files) -> list[dict]:
-    """Every torchtitan override this experiment will apply, with the model nodes it replaces
-    (`qwen3exp.titan.overrides.check`: matches computed on the config tree, no model built; the
-    default kernels override nothing and import nothing). Raises ConfigError for kernels that do not
-    fit (no match, two overrides on one node, nki_moe on a dense model, a seq_len the kernel cannot
-    tile on Neuron, ...) and for what torchtitan's own checks refuse in the config they are matched
-    on. That Trainer.Config is built once, here, and only for the match: its run directory is a
-    placeholder (the ranks build the one they train with)."""
-    from qwen3exp.titan.job_config import override_claims
+ClaimsOf = Callable[[Experiment, Any], list[dict]]
+"""Matches an experiment's kernel overrides against torchtitan's config tree: the torchtitan
+adapter's `qwen3exp.titan.job_config.override_claims`, passed in by the caller (plan/ sits below the
+adapter and imports no torchtitan code)."""
 
-    return override_claims(exp, facts)
+
+def kernel_claims(exp: Experiment, facts, claims_of: ClaimsOf | None) -> list[dict]:
+    """Every torchtitan override this experiment will apply, with the model nodes it replaces
+    (matches computed on the config tree, no model built; the default kernels override nothing and
+    need no matcher). Raises ConfigError for kernels that do not fit (no match, two overrides on one
+    node, nki_moe on a dense model, a seq_len the kernel cannot tile on Neuron, ...) and for what
+    torchtitan's own checks refuse in the config they are matched on."""
+    if not exp.kernels.active:
+        return []
+    if claims_of is None:
+        raise TypeError("an experiment with kernel overrides is planned with "
+                        "claims_of=qwen3exp.titan.job_config.override_claims")
+    return claims_of(exp, facts)
 
 
 def checkpoint_verdict(exp: Experiment, files, run_dir: Path) -> CheckpointVerdict:
@@ -306,10 +313,12 @@ def _section_problems(sections: dict[str, Any]) -> list[Problem]:
 
 
 def make_plan(exp: Experiment, run_dir: str | Path, *, overrides: list[str] | tuple[str, ...] = (),
-              provenance=None, job_num: int | None = None, env: Mapping[str, str] | None = None) -> Plan:
+              provenance=None, job_num: int | None = None, env: Mapping[str, str] | None = None,
+              claims_of: ClaimsOf | None = None) -> Plan:
     """Resolve and check everything; raise ConfigError naming every problem. A plan that does not fit
     in memory is a problem, unless `exp.dry_run` (then it is a loud warning in `Plan.warnings`).
-    `env`: the scheduler's environment for the node placement (default: this process's)."""
+    `env`: the scheduler's environment for the node placement (default: this process's);
+    `claims_of`: the kernel override matcher (see `ClaimsOf`), needed when kernels are active."""
     from qwen3exp.plan import data_files, model_files, placement, tracking
     from qwen3exp.platforms import experiment_problems, host_problems, resolve
     from qwen3exp.run.provenance import redact_argv
@@ -335,7 +344,7 @@ def make_plan(exp: Experiment, run_dir: str | Path, *, overrides: list[str] | tu
     claims: list[dict] = []
     if not problems and arch is not None and mesh is not None and batches is not None:
         try:
-            claims = kernel_claims(exp, facts, mesh, batches, files)
+            claims = kernel_claims(exp, facts, claims_of)
         except ConfigError as e:
             problems += e.problems
     try:
@@ -406,7 +415,7 @@ class Prepared:
     """The torchtitan overrides the experiment activates, with the config nodes each one replaces."""
 
 
-def prepare(exp: Experiment, env: Mapping[str, str] | None = None) -> Prepared:
+def prepare(exp: Experiment, env: Mapping[str, str] | None = None, claims_of: ClaimsOf | None = None) -> Prepared:
     """Check the model's files, resolve the platform, the mesh, the batches, the node placement and
     the kernel override claims; raise ConfigError on the first failing stage (cheap: no torchtitan
     unless kernel overrides are active). A launch runs `make_plan`'s Plan instead."""
@@ -421,7 +430,7 @@ def prepare(exp: Experiment, env: Mapping[str, str] | None = None) -> Prepared:
     mesh = resolve_mesh(exp, facts)
     batches = resolve_batches(exp, mesh)
     where = placement.resolve(exp, os.environ if env is None else env)
-    return Prepared(exp, facts, mesh, batches, files, where, kernel_claims(exp, facts, mesh, batches, files))
+    return Prepared(exp, facts, mesh, batches, files, where, kernel_claims(exp, facts, claims_of))
 
 
 def _memory_problem(exp: Experiment, mem: memory.Memory) -> Problem:

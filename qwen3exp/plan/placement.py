@@ -48,7 +48,7 @@ def resolve(exp: Experiment, env: Mapping[str, str]) -> Placement:
         case LocalLauncher() as la:
             return _local(exp, la, env)
         case SlurmLauncher() as la:
-            from qwen3exp.launchers import slurm
+            from qwen3exp.plan import slurm_nodes as slurm
             return slurm.placement(exp, la, env)
     raise AssertionError(exp.launcher)
 
@@ -82,7 +82,7 @@ def notes(exp: Experiment, where: Placement) -> list[str]:
     """For the plan: how the agents' commands are started."""
     match exp.launcher:
         case SlurmLauncher() as la:
-            from qwen3exp.launchers import slurm
+            from qwen3exp.plan import slurm_nodes as slurm
             return [f"sbatch {' '.join(slurm.sbatch_flags(la))} through hydra-submitit-launcher (a sweep: a job "
                     f"array); the job runs on its first node and then: {where.how}"]
         case LocalLauncher() if where.nnodes > 1:
