@@ -59,8 +59,8 @@ def first_batches(run_dir: Path) -> list[tuple]:
     own torchtitan config (tokenizer, dataloader, dp sharding) from its run directory."""
     import yaml
 
-    from qwen3exp.platforms import PlatformFacts
     from qwen3exp.config.schema import validate_experiment
+    from qwen3exp.platforms import PlatformFacts
     from qwen3exp.titan.job_config import to_torchtitan
 
     exp = validate_experiment(yaml.safe_load((run_dir / "experiment.yaml").read_text()))
@@ -121,7 +121,7 @@ def hf_loss_here(folder, batches: list[tuple]) -> float:
                 if not starts or starts[0] != 0:
                     starts = [0, *starts]
                 bounds = [*starts, ids.shape[1]]
-                for a, b in zip(bounds, bounds[1:]):
+                for a, b in zip(bounds, bounds[1:], strict=False):
                     logits = model(input_ids=ids[row, a:b][None],
                                    position_ids=positions[row, a:b][None]).logits[0].double()
                     total += F.cross_entropy(logits, labels[row, a:b], reduction="sum").item()

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from qwen3exp import api
-from qwen3exp.errors import ConfigError
 from qwen3exp.config.schema import Experiment
+from qwen3exp.errors import ConfigError
 
 FAST = ["training.steps=2", "training.warmup_steps=0", "training.seq_len=32", "training.local_batch_size=1",
         "metrics.tensorboard=false", "platform=cpu", "platform.threads_per_rank=1", "launcher.nproc_per_node=1"]

@@ -37,7 +37,8 @@ class Case:
 
 CASES = [
     # sizes: zero, negative, wrong type
-    Case("steps_zero", ("training.steps=0",), "training.steps", "a number > 0", ("from: command line training.steps=0",)),
+    Case("steps_zero", ("training.steps=0",), "training.steps", "a number > 0",
+         ("from: command line training.steps=0",)),
     Case("steps_negative", ("training.steps=-5",), "training.steps", "a number > 0"),
     Case("seq_len_zero", ("training.seq_len=0",), "training.seq_len", "a number > 0"),
     Case("local_batch_negative", ("training.local_batch_size=-1",), "training.local_batch_size", "a number > 0"),
@@ -77,7 +78,8 @@ CASES = [
     Case("tp_vs_heads", ("model.flavor=0.6B", "launcher.nproc_per_node=3", "parallelism.tp=3"), "parallelism.tp",
          "allowed: 1, 2, 4, 8, 16 (the divisors of 16)", ("n_heads (16, flavor 0.6B)",)),
     Case("ep_on_dense", ("parallelism.ep=2",), "parallelism.ep", "allowed: 1", ("needs an MoE model",)),
-    Case("global_batch_vs_dp", ("training.global_batch_size=20",), "training.global_batch_size", "-1 or a multiple of 16",
+    Case("global_batch_vs_dp", ("training.global_batch_size=20",), "training.global_batch_size",
+         "-1 or a multiple of 16",
          ("local_batch_size x data-parallel degree = 8 x 2 = 16", "training.global_batch_size=16 or 32")),
     Case("seq_len_above_max", ("training.seq_len=5000",), "training.seq_len", "1..4096",
          ("maximum sequence length (4096, flavor tiny)",)),
@@ -180,7 +182,8 @@ CASES = [
     Case("cpu_ranks_exceed_host_memory", ("platform=cpu", "launcher.nproc_per_node=4096",
                                           "platform.memory_per_rank_gib=1", "training.local_batch_size=1"),
          "launcher.nproc_per_node", "rank(s) on this host", ("per-process runtime", "MemAvailable")),
-    Case("cpu_threads_oversubscribed", ("platform=cpu", "launcher.nproc_per_node=1", "platform.threads_per_rank=100000"),
+    Case("cpu_threads_oversubscribed",
+         ("platform=cpu", "launcher.nproc_per_node=1", "platform.threads_per_rank=100000"),
          "platform.threads_per_rank", "ranks x threads per rank at most", ("threads per core",)),
 ]
 

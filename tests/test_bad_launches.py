@@ -53,7 +53,7 @@ CASES = [
     Case("slurm_controller_down", ("launcher=slurm",), "launcher",
          ("reach", "SLURM controller"), env=(("SLURM_CONF", "{tmp}/slurm.conf"),)),
     Case("unknown_launcher_plugin", ("-m", "hydra.launcher._target_=my.Launcher"), "hydra.launcher._target_",
-         ("is not an installed Hydra launcher plugin", "BasicLauncher")),
+         ("qwen3exp runs every job through its own Hydra launcher", "hydra/launcher=qwen3exp")),
     Case("unknown_sweeper_plugin", ("-m", "hydra.sweeper._target_=my.Sweeper"), "hydra.sweeper._target_",
          ("is not an installed Hydra sweeper plugin", "BasicSweeper")),
 ]
@@ -97,7 +97,10 @@ def results(assets):
     def one(case: Case):
         if case.needs_mount and not all(mounted.values()):
             return case.id, None
-        sub = lambda a: a.replace("{tmp}", str(tmp)).replace("{ro}", str(tmp / "ro")).replace("{small}", str(tmp / "small"))
+
+        def sub(a: str) -> str:
+            return a.replace("{tmp}", str(tmp)).replace("{ro}", str(tmp / "ro")).replace("{small}", str(tmp / "small"))
+
         args = [sub(a) for a in case.args]
         env = {k: sub(v) for k, v in case.env}
         cwd = tmp / f"cwd_{case.id}"

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import CONF, all_conf_files, compose
-from trn2_assets import overrides_for
 from qwen3exp.assets import CORPUS_DIR
+from trn2_assets import overrides_for
 
 # group/option -> extra overrides that a real user would have to give on the command line.
 # {hf_checkpoint}: a tiny Hugging Face checkpoint written by tests/hf_fixtures.py (qwen3exp ships
@@ -44,8 +44,8 @@ def hf_checkpoint(tmp_path_factory) -> str:
 
 @pytest.mark.parametrize("group,option", all_conf_files(), ids=lambda x: str(x))
 def test_conf_file_composes_validates_converts(group, option, tmp_path, request):
-    from qwen3exp.launchers.local import prepare
     from qwen3exp.config.schema import validate_experiment
+    from qwen3exp.launchers.local import prepare
     from qwen3exp.titan.job_config import to_torchtitan
 
     needs_ckpt = any("{hf_checkpoint}" in o for o in REQUIRED.get(f"{group}/{option}", []))

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from qwen3exp.run import rundir
-from qwen3exp.config.schema import validate_experiment
 from conftest import REPO, compose, read_metrics, read_summary, run_cli
+from qwen3exp.config.schema import validate_experiment
+from qwen3exp.run import rundir
 
 pytestmark = pytest.mark.slow
 

@@ -14,11 +14,12 @@ import os
 import re
 import subprocess
 import sys
+
 import pytest
 
 from conftest import CONF, REPO, compose, read_metrics, read_summary
-from qwen3exp.launchers.local import prepare
 from qwen3exp.config.schema import validate_experiment
+from qwen3exp.launchers.local import prepare
 from trn2_assets import overrides_for
 
 EXPERIMENTS = CONF / "experiment"
@@ -106,7 +107,8 @@ def test_kernel_overrides_replace_one_module_per_layer(name):
     exp, prep = plan(name)
     n_layers = prep.files.arch.n_layers
     claimed = {o["key"]: len(o["nodes"]) for o in prep.overrides}
-    expected = {k: n_layers for k, impl in (("kernels.rope", exp.kernels.rope.impl), ("kernels.moe", exp.kernels.moe.impl))
+    expected = {k: n_layers
+                for k, impl in (("kernels.rope", exp.kernels.rope.impl), ("kernels.moe", exp.kernels.moe.impl))
                 if impl == "nki"}
     assert claimed == expected
     if name == "trn2_qwen3_4b_nki_rope":

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from conftest import CONF, read_metrics, read_summary, run_cli
+from qwen3exp.run import agent
 from runprocs import TINY, assert_no_survivors, kill_leftovers, metric_rows, start_cli, wait_for
 
-from qwen3exp.run import agent
 slow = pytest.mark.slow
 
 LONG = (*TINY, "training.steps=400")  # long enough never to finish by itself within a test

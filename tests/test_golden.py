@@ -26,8 +26,8 @@ def _normalise(d, run_dir: str, repo: str):
 
 
 def test_default_conversion_matches_golden(tmp_path):
-    from qwen3exp.launchers.local import prepare
     from qwen3exp.config.schema import validate_experiment
+    from qwen3exp.launchers.local import prepare
     from qwen3exp.titan.job_config import to_torchtitan
 
     prep = prepare(validate_experiment(compose("platform=cpu")))

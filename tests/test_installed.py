@@ -122,7 +122,8 @@ def test_dry_run_from_the_users_repo(installed):
 
 
 @pytest.mark.parametrize("form", [("--config-dir", "conf"), ("--config-dir=conf",), ("-cd", "conf"),
-                                  ("hydra.searchpath=[file://{repo}/conf]",)], ids=["config-dir", "config-dir=", "cd", "searchpath"])
+                                  ("hydra.searchpath=[file://{repo}/conf]",)],
+                         ids=["config-dir", "config-dir=", "cd", "searchpath"])
 def test_a_typo_in_the_users_repo_is_exit_2(installed, form):
     form = [f.replace("{repo}", str(installed["repo"])) for f in form]
     r = installed["run"](*form, "experiment=mine", "training.stepz=3", timeout=180)

@@ -86,7 +86,7 @@ def _blocks(hidden, affinities, gate_up, down, positions, block_to_expert, block
 def _fake_moe_cte(hidden, affinities, gate_up, down, positions, block_to_expert, block_size, spec, **kw):
     assert spec.implementation is MoECTEImplementation.shard_on_i and spec.shard_on_I.checkpoint_activation
     assert block_to_expert.shape == (block_to_expert.shape[0], 1)
-    N, (E, H, _, I) = block_to_expert.shape[0], gate_up.shape
+    N, (_E, H, _, I) = block_to_expert.shape[0], gate_up.shape
     out = torch.zeros(hidden.shape, dtype=torch.float32)
     gu_t = torch.zeros(N, 2, I, block_size)
     d_act = torch.zeros(N, block_size, H)
@@ -102,7 +102,8 @@ def _fake_bwd(hidden, affinities, gate_up, down, gate_up_t, down_act, positions,
               block_size, affinity_option=None, kernel_type_option=None, **kw):
     assert affinity_option is AffinityOption.AFFINITY_ON_H and kernel_type_option is KernelTypeOption.DROPLESS
     N = block_to_expert.shape[0]
-    assert gate_up_t.shape == (N, 2, gate_up.shape[-1], block_size) and down_act.shape == (N, block_size, hidden.shape[1])
+    assert gate_up_t.shape == (N, 2, gate_up.shape[-1], block_size)
+    assert down_act.shape == (N, block_size, hidden.shape[1])
     # Per block, by hand (autograd is not available below the operator's autograd layer).
     E, H, _, I = gate_up.shape
     g_hidden, g_aff = torch.zeros(hidden.shape), torch.zeros(hidden.shape[0], E)
@@ -124,7 +125,7 @@ def _fake_bwd(hidden, affinities, gate_up, down, gate_up_t, down_act, positions,
     g_hidden[-1] = 0
     g_aff[-1] = 0
     grads = (g_hidden, g_aff.view(-1, 1), g_gate_up, g_down)
-    return tuple(g.to(t.dtype) for g, t in zip(grads, (hidden, affinities, gate_up, down)))
+    return tuple(g.to(t.dtype) for g, t in zip(grads, (hidden, affinities, gate_up, down), strict=True))
 
 
 class MoECTEImplementation(enum.Enum):
@@ -282,7 +283,7 @@ def test_moe_calls_moe_cte_and_blockwise_mm_bwd_with_their_layouts(fake_neuron):
 
     want = moe_forward_pytorch(hidden.detach(), aff.detach(), gate_up.detach(), down.detach(),
                                r.token_position_to_id, r.block_to_expert, 128)
-    for got, ref in zip((out, gu_t, d_act), want):
+    for got, ref in zip((out, gu_t, d_act), want, strict=True):
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     grad = torch.randn_like(out)
     out.backward(grad)
@@ -294,7 +295,7 @@ def test_moe_calls_moe_cte_and_blockwise_mm_bwd_with_their_layouts(fake_neuron):
 
     ref = moe_backward_pytorch(grad, hidden.detach(), aff.detach(), gate_up.detach(), down.detach(), *want[1:],
                                r.token_position_to_id, r.block_to_expert, 128)
-    for got, want_grad in zip((hidden.grad, aff.grad, gate_up.grad, down.grad), ref):
+    for got, want_grad in zip((hidden.grad, aff.grad, gate_up.grad, down.grad), ref, strict=True):
         torch.testing.assert_close(got, want_grad, rtol=1e-5, atol=1e-5)
 
 
@@ -320,9 +321,9 @@ def _neuron_facts(lnc: str | None):
 @pytest.mark.parametrize("lnc,seq_len,ok", [(None, 128, False), ("2", 256, True), ("1", 128, True), ("2", 384, False)])
 def test_prelaunch_neuron_seq_len_for_nki_rope(monkeypatch, lnc, seq_len, ok):
     from conftest import compose
+    from qwen3exp.config.schema import validate_experiment
     from qwen3exp.errors import ConfigError
     from qwen3exp.titan import overrides
-    from qwen3exp.config.schema import validate_experiment
 
     monkeypatch.delenv(neuron.LNC_ENV, raising=False)
     exp = validate_experiment(compose("kernels=nki_rope", f"training.seq_len={seq_len}"))
@@ -339,9 +340,9 @@ def test_prelaunch_neuron_seq_len_for_nki_rope(monkeypatch, lnc, seq_len, ok):
 
 def test_prelaunch_neuron_moe_block_size(monkeypatch):
     from conftest import compose
+    from qwen3exp.config.schema import validate_experiment
     from qwen3exp.errors import ConfigError
     from qwen3exp.titan import overrides
-    from qwen3exp.config.schema import validate_experiment
 
     exp = validate_experiment(compose("kernels=nki_moe", "model.flavor=tiny_moe", "kernels.moe.block_size=100"))
     with pytest.raises(ConfigError) as e:
@@ -352,8 +353,8 @@ def test_prelaunch_neuron_moe_block_size(monkeypatch):
 def _trainer_config(exp):
     from pathlib import Path
 
-    from qwen3exp.platforms.cpu import facts as cpu_facts
     from qwen3exp.config.schema import CpuPlatform
+    from qwen3exp.platforms.cpu import facts as cpu_facts
     from qwen3exp.titan.job_config import to_torchtitan
 
     return to_torchtitan(exp, cpu_facts(CpuPlatform(), nproc_per_node=None, reason="test"), Path("/tmp/x"))

@@ -149,7 +149,7 @@ def test_moe_blockwise_matches_grouped_experts(dtype):
     got_grads = _grads(ge, x)
     tol = 1e-5 if dtype == torch.float32 else 0.0
     assert (got - want).abs().max().item() <= tol
-    for name, a, b in zip(["x", "w1", "w2", "w3"], got_grads, want_grads):
+    for name, a, b in zip(["x", "w1", "w2", "w3"], got_grads, want_grads, strict=True):
         assert (a - b).abs().max().item() <= tol, name
 
 

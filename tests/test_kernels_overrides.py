@@ -23,8 +23,8 @@ def examples_on_path(monkeypatch):
 
 
 def _prepare(*ovr: str):
-    from qwen3exp.launchers.local import prepare
     from qwen3exp.config.schema import validate_experiment
+    from qwen3exp.launchers.local import prepare
 
     return prepare(validate_experiment(compose(*ovr)))
 
@@ -77,8 +77,8 @@ def test_fqns_limit_the_override_to_chosen_layers(tmp_path):
     from torchtitan.config.override import apply_overrides
     from torchtitan.models.common import CosSinRoPE
 
-    from qwen3exp.titan.nki_rope import NKIRoPE
     from qwen3exp.titan.job_config import to_torchtitan
+    from qwen3exp.titan.nki_rope import NKIRoPE
 
     prep = _prepare("kernels=nki_rope", "model.n_layers=2", "kernels.rope.fqns=[model_spec.model.layers.1.*]")
     (claim,) = prep.overrides
@@ -167,7 +167,8 @@ def test_user_override_from_the_readme(examples_on_path, tmp_path):
     model = config.model_spec.model.build()
     ref = stock.model_spec.model.build()
     ref.load_state_dict(model.state_dict())
-    assert type(model.layers["1"].feed_forward).__name__ == "SiluMulFeedForward" and model.layers["1"].feed_forward.upcast
+    assert type(model.layers["1"].feed_forward).__name__ == "SiluMulFeedForward"
+    assert model.layers["1"].feed_forward.upcast
     tokens = torch.randint(0, 2048, (2, 64))
     assert torch.equal(model(tokens), ref(tokens))
 
@@ -204,7 +205,7 @@ def test_overridden_moe_model_equals_stock(tmp_path):
     assert torch.equal(out, want)
     out.square().mean().backward()
     want.square().mean().backward()
-    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+    for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
         assert torch.equal(p.grad, q.grad), name
 
 

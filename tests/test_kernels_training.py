@@ -54,7 +54,7 @@ def test_same_first_losses_with_and_without_the_overrides(runs, base):
     plain = [r["loss"] for r in read_metrics(runs[base])][:3]
     kernels = [r["loss"] for r in read_metrics(runs[f"{base}_kernels"])][:3]
     assert len(plain) == len(kernels) == 3
-    assert max(abs(a - b) for a, b in zip(plain, kernels)) <= 1e-5, (plain, kernels)
+    assert max(abs(a - b) for a, b in zip(plain, kernels, strict=True)) <= 1e-5, (plain, kernels)
     assert read_summary(runs[base])["overrides"] == []
 
 
@@ -65,4 +65,5 @@ def test_summary_counts_one_override_per_layer(runs):
     (moe,) = read_summary(runs["moe_kernels"])["overrides"]
     assert moe["key"] == "kernels.moe" and moe["nodes"] == moe["applied"] == 2
     applied = json.loads((runs["moe_kernels"] / "overrides_applied.json").read_text())
-    assert [(a["name"], a["new"]) for a in applied] == [("qwen3exp.titan.nki_moe.nki_moe", "BlockwiseExperts.Config")] * 2
+    expected = [("qwen3exp.titan.nki_moe.nki_moe", "BlockwiseExperts.Config")] * 2
+    assert [(a["name"], a["new"]) for a in applied] == expected

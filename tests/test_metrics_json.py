@@ -9,6 +9,8 @@ import math
 import pytest
 
 from qwen3exp.run import rundir
+
+
 def _strict(line: str) -> dict:
     def refuse(name):
         raise ValueError(f"not JSON: {name}")

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from qwen3exp.plan import model_files
-from qwen3exp.assets import TOKENIZER_DIR
-from qwen3exp.errors import ConfigError
-from qwen3exp.config.flavors import FLAVORS, arch_from_hf_config, hf_config_from_arch, hf_param_shapes
-from qwen3exp.plan.model_files import read_headers, safetensors_files
-from qwen3exp.config.schema import validate_experiment
 from conftest import compose, run_cli
 from hf_fixtures import TOKENIZER_FILES, write_checkpoint
+from qwen3exp.assets import TOKENIZER_DIR
+from qwen3exp.config.flavors import FLAVORS, arch_from_hf_config, hf_config_from_arch, hf_param_shapes
+from qwen3exp.config.schema import validate_experiment
+from qwen3exp.errors import ConfigError
+from qwen3exp.plan import model_files
+from qwen3exp.plan.model_files import read_headers, safetensors_files
 
 # Qwen/Qwen3-4B-Instruct-2507's config.json (architecture keys as published).
 QWEN3_4B_INSTRUCT_2507 = {

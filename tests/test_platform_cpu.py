@@ -63,7 +63,7 @@ def test_document_sdpa_matches_per_document_attention():
     ref = torch.empty_like(out)
     for b in range(B):
         starts = [i for i in range(L) if positions[b, i] == 0] + [L]
-        for s, e in zip(starts[:-1], starts[1:]):
+        for s, e in zip(starts[:-1], starts[1:], strict=True):
             seg = [t[b : b + 1, s:e].transpose(1, 2) for t in (q, k, v)]
             ref[b : b + 1, s:e] = torch.nn.functional.scaled_dot_product_attention(*seg, is_causal=True).transpose(1, 2)
     assert torch.allclose(out, ref, atol=1e-12)
@@ -101,8 +101,8 @@ def test_fsdp_over_gloo_needs_sum_reductions(mode, tmp_path):
 
 
 def test_with_sum_reductions_wraps_parallelize():
-    from qwen3exp.titan.model import qwen3_model_spec
     from qwen3exp.config.flavors import FLAVORS
+    from qwen3exp.titan.model import qwen3_model_spec
 
     spec = qwen3_model_spec(FLAVORS["tiny"], flavor="tiny", attention="sdpa", force_sum_reductions=True)
     assert spec.parallelize_fn.__name__ == "parallelize"

@@ -20,9 +20,9 @@ from dataclasses import asdict
 import pytest
 
 from conftest import REPO, read_summary, run_cli
+from qwen3exp.config.schema import AutoPlatform, CpuPlatform, CudaPlatform, NeuronPlatform, validate_experiment
 from qwen3exp.errors import ConfigError
 from qwen3exp.platforms import PlatformFacts, experiment_problems, probe, resolve
-from qwen3exp.config.schema import (AutoPlatform, CpuPlatform, CudaPlatform, NeuronPlatform, validate_experiment)
 
 FAKES = REPO / "tests" / "fakes"
 GIB = 2**30

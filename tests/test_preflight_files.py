@@ -19,15 +19,14 @@ import numpy as np
 import pytest
 
 from conftest import REPO, read_metrics, read_summary, run_cli
-
-from qwen3exp.plan import data_files, model_files
 from qwen3exp.assets import TOKENIZER_DIR
-from qwen3exp.errors import ConfigError
 from qwen3exp.config.flavors import FLAVORS, HF_ROPE_TYPES, arch_from_hf_config, hf_param_shapes
-from qwen3exp.plan.model_files import nonfinite_tensors
-from qwen3exp.plan.build import make_plan
-from qwen3exp.platforms import cpu
 from qwen3exp.config.schema import SECTIONS, check_experiment, validate_experiment
+from qwen3exp.errors import ConfigError
+from qwen3exp.plan import data_files, model_files
+from qwen3exp.plan.build import make_plan
+from qwen3exp.plan.model_files import nonfinite_tensors
+from qwen3exp.platforms import cpu
 
 
 def _exp(**sections):
@@ -606,7 +605,7 @@ def test_the_measured_runtime_per_rank_is_not_below_a_bare_import():
     if not Path("/proc/self/smaps_rollup").exists():
         pytest.skip("no /proc/self/smaps_rollup")
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    anon = int(next(l for l in r.stdout.splitlines() if l.startswith("ANON")).split()[1])
+    anon = int(next(line for line in r.stdout.splitlines() if line.startswith("ANON")).split()[1])
     assert 100 * 2**20 < anon < cpu.RANK_RUNTIME_BYTES, anon / 2**20
 
 

@@ -20,10 +20,9 @@ from pathlib import Path
 import pytest
 
 from conftest import read_metrics, read_summary, run_cli
-from runprocs import TINY, start_cli, wait_for
-
-from qwen3exp.run import claim, procs
 from qwen3exp.errors import ConfigError
+from qwen3exp.run import claim, procs
+from runprocs import TINY, start_cli, wait_for
 
 FAST = ("training.steps=2", "training.warmup_steps=0", "training.seq_len=32", "training.local_batch_size=1",
         "metrics.tensorboard=false", "platform=cpu", "platform.threads_per_rank=1", "launcher.nproc_per_node=1")

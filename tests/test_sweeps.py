@@ -170,7 +170,7 @@ def test_loss_plot_has_one_curve_per_run(sweep, tmp_path):
     lines = fig.axes[0].get_lines()
     assert len(lines) == 4
     assert sorted(line.get_label() for line in lines) == sorted(f"lr={lr} seed={s}" for lr, s in POINTS)
-    for run, line in zip(runs, lines):
+    for run, line in zip(runs, lines, strict=True):
         assert list(line.get_ydata()) == [m["loss"] for m in run.metrics]
     # The PNG written by the report holds 4 differently coloured curves (matplotlib's first 4 colours).
     import matplotlib.image

@@ -410,6 +410,12 @@ def precheck(inv: Invocation) -> Master:
             raise ConfigError([Problem("(command line)", " ".join(o.input_line for o in sweeps),
                                        "is a sweep, but the command is a single run",
                                        "add -m (--multirun) to run the sweep, or give one value per key")])
+        data, _ = experiment_data(cfg)  # an interpolation that does not resolve, named by its key
+        if not multirun:  # the run directory is named from these values: check them before claiming it
+            from qwen3exp.config.schema import check_experiment
+
+            if bad := [p for p in check_experiment(data).problems if p.key == "name"]:
+                raise ConfigError(bad)
         try:
             HydraConfig.instance().set_config(cfg)
             output_dir = str(OmegaConf.select(cfg, "hydra.sweep.dir" if multirun else "hydra.run.dir"))

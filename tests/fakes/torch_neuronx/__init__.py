@@ -25,7 +25,8 @@ import torch.distributed as dist
 __version__ = "2.14.3.0+fake"
 
 _lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
-_count = int(os.environ.get("FAKE_NEURON_DEVICE_COUNT") or int(os.environ.get("FAKE_NEURON_PHYSICAL_CORES", "128")) // _lnc)
+_count = int(os.environ.get("FAKE_NEURON_DEVICE_COUNT")
+             or int(os.environ.get("FAKE_NEURON_PHYSICAL_CORES", "128")) // _lnc)
 _GIB = 2**30
 calls: list[str] = []
 
