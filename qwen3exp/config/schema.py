@@ -101,7 +101,9 @@ class Training(_Strict):
     global_batch_size: int = -1
     """-1: local_batch_size x data-parallel degree (no gradient accumulation)."""
     lr: Annotated[float, Field(gt=0)] = 3e-3
-    warmup_steps: NonNegInt = 5
+    warmup_steps: NonNegInt | None = None
+    """Linear warm-up steps. None: derived from `steps` (`warmup`: min(5, max(1, steps // 5))), so that
+    a short smoke test (training.steps=3) needs no second override; an explicit value must fit."""
     decay_type: Literal["linear", "sqrt", "cosine"] = "cosine"
     min_lr_factor: Annotated[float, Field(ge=0, le=1)] = 0.1
     weight_decay: Annotated[float, Field(ge=0)] = 0.1
@@ -116,13 +118,18 @@ class Training(_Strict):
     compile: bool = False
     """torch.compile the model and loss (backend chosen by the platform)."""
 
+    @property
+    def warmup(self) -> int:
+        """The warm-up the run uses: `warmup_steps`, or the value derived from `steps`."""
+        return self.warmup_steps if self.warmup_steps is not None else min(5, max(1, self.steps // 5))
+
     @model_validator(mode="after")
     def _batch(self) -> Training:
         if self.global_batch_size == 0 or self.global_batch_size < -1:
             raise ValueError(_tagged("global_batch_size", self.global_batch_size,
                                      "must be positive, or -1 for local_batch_size x dp",
                                      "-1 or an integer > 0"))
-        if self.warmup_steps > self.steps:
+        if self.warmup_steps is not None and self.warmup_steps > self.steps:
             raise ValueError(_tagged("warmup_steps", self.warmup_steps,
                                      f"exceeds training.steps ({self.steps})", f"0..{self.steps}"))
         return self

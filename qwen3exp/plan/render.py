@@ -108,6 +108,10 @@ def render(plan, provenance_diff=None) -> str:
     add(f"batches:    local {b.local_batch_size} x dp {dp} x grad accumulation {b.grad_accum_steps} = global "
         f"{b.global_batch_size} sequences")
     add(f"tokens:     {b.tokens_per_step:,} per step, {b.tokens_per_rank_per_step:,} per rank per step")
+    t = plan.exp.training
+    why = "training.warmup_steps" if t.warmup_steps is not None else \
+        f"derived from training.steps={t.steps}: min(5, max(1, steps // 5)); set training.warmup_steps to choose"
+    add(f"schedule:   {t.steps} steps, lr {t.lr:g}, warm-up {t.warmup} step(s) ({why}), {t.decay_type} decay")
 
     # --- overrides, checkpoint, commands
     if plan.kernel_overrides:

@@ -166,7 +166,7 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
             dataset=dataset.register(str(data), text_field), dataset_path=str(data), infinite=True),
         optimizer=default_adamw(lr=t.lr, weight_decay=t.weight_decay),
         lr_scheduler=LRSchedulersContainer.Config(
-            warmup_steps=t.warmup_steps, decay_type=t.decay_type, min_lr_factor=t.min_lr_factor),
+            warmup_steps=t.warmup, decay_type=t.decay_type, min_lr_factor=t.min_lr_factor),
         training=TrainingConfig(
             local_batch_size=t.local_batch_size,
             global_batch_size=t.global_batch_size,
