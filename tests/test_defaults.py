@@ -104,3 +104,18 @@ def test_root_config_agrees_with_the_schema():
             problems += _disagreements(cls, data[section], section)
     assert data["dry_run"] == schema.Experiment.model_fields["dry_run"].default
     assert not problems, "\n".join(problems)
+
+
+def test_warmup_adapts_to_the_steps_unless_given():
+    from conftest import compose
+    from qwen3exp.errors import ConfigError
+
+    def warmup(*overrides):
+        return schema.validate_experiment(compose(*overrides)).training.warmup
+
+    assert warmup("training.steps=3") == 1  # the common smoke test needs no second override
+    assert warmup("training.steps=1") == 1
+    assert warmup("training.steps=30") == 5 and warmup("training.steps=1000") == 5
+    assert warmup("training.steps=3", "training.warmup_steps=0") == 0
+    with pytest.raises(ConfigError, match="exceeds training.steps"):
+        warmup("training.steps=3", "training.warmup_steps=4")
