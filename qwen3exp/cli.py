@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None) -> 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] and argv[0] in COMMANDS:
         return _command(argv[0], argv[1:])
+    if argv == ["--version"]:
+        print(versions())
+        return 0
     command = command or [sys.executable, "-m", "qwen3exp", *argv]
     os.environ[COMMAND_ENV] = json.dumps(command)
     try:
@@ -83,6 +86,20 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None) -> 
         return EXIT_CONFIG_ERROR
     finally:
         held.release(discard=discard)
+
+
+def versions() -> str:
+    """`qwen3exp --version`: qwen3exp's and the versions it runs with (read from the installed
+    packages' metadata; nothing is imported)."""
+    from importlib import metadata
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return "  ".join(f"{name} {version(name)}" for name in ("qwen3exp", "torchtitan", "torch", "hydra-core"))
 
 
 def _dry_run(master: Master) -> bool:

@@ -26,6 +26,7 @@ FORMS = [
     ("cfg_job_package", ("--cfg", "job", "-p", "training"), 0, "steps: 30"),
     ("info", ("--info", "searchpath"), 0, "Config search path"),
     ("help", ("--help",), 0, "qwen3exp"),
+    ("version", ("--version",), 0, "torchtitan 0.3.0"),
     ("package_without_cfg", ("-p", "training", "dry_run=true"), 2, "together with --cfg"),
     ("experimental_rerun", ("--experimental-rerun", "x.pickle"), 2, "qwen3exp relaunch"),
     ("unknown_flag", ("--fast", "dry_run=true"), 2, "unknown flag"),
