@@ -94,9 +94,10 @@ def test_trn2_experiment_plans_and_converts_for_neuron(name, tmp_path):
 @pytest.mark.parametrize("name", TRN2)
 def test_trn2_plan_fits_the_hbm_of_a_logical_core(name, tmp_path):
     from qwen3exp.plan.build import make_plan
+    from qwen3exp.titan.job_config import override_claims
 
     exp, _ = plan(name)
-    p = make_plan(exp, tmp_path)
+    p = make_plan(exp, tmp_path, claims_of=override_claims)
     assert p.memory.fits and not p.warnings, p.warnings
     assert p.platform.memory_per_rank_bytes == 24 * 2**30
 
