@@ -178,7 +178,7 @@ def test_refused_inside_the_job_removes_only_its_own_files(tmp_path, existing):
 # --------------------------------------------------------------------------------- concurrency
 @pytest.mark.slow
 def test_concurrent_launches_get_their_own_directories(tmp_path):
-    """4 launches of one experiment started at once, default directory: 8 distinct run
+    """4 launches of one experiment started at once, default directory: 4 distinct run
     directories, each with its own complete, consistent files."""
     n = 4
 
