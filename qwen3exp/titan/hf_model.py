@@ -108,9 +108,7 @@ def fix_rotary_inv_freq(model: torch.nn.Module) -> int:
             original = getattr(module, "original_inv_freq", None)
             if isinstance(original, torch.Tensor):
                 original.copy_(inv_freq.to(device=device, dtype=original.dtype))
-        # A float, as the module's __init__ sets it; nn.Module's __setattr__ is annotated for
-        # tensors and modules only.
-        module.attention_scaling = scaling  # type: ignore[assignment]
+        module.attention_scaling = scaling  # a float, as the module's __init__ sets it
         fixed += 1
     return fixed
 
