@@ -53,14 +53,6 @@ class Invocation:
     config_name: str = CONFIG_NAME
     info_flags: list[str] = field(default_factory=list)
     """Flags Hydra answers by itself (--help, --cfg job, --info ...): passed straight through."""
-    output_dir: str | None = None
-    """The run directory (multirun: the sweep directory) as composed by the preflight; Hydra is
-    then pinned to it, so `${qwen3exp.stamp:}` in the default names resolves once for every point."""
-
-    @property
-    def user_overrides(self) -> list[str]:
-        return [o for o in self.overrides if not o.lstrip("+~").startswith("hydra.")]
-
     def hydra_argv(self, extra: list[str], *, multirun: bool) -> list[str]:
         argv = ["--config-path", str(self.config_dir), "--config-name", self.config_name]
         if multirun:
@@ -198,6 +190,12 @@ def parse_overrides(overrides: list[str], config_loader=None) -> list:
     return parsed
 
 
+def is_group_override(ov) -> bool:
+    """Whether an override picks a config file (model=hf, hydra/launcher=x) rather than sets a value."""
+    key = ov.key_or_group.split("@")[0]
+    return key in GROUPS or "/" in key
+
+
 def sweep_values(ov) -> list[str] | None:
     """The values of a sweep override (a,b / range() / choice() / glob()); None for the forms only
     an adaptive sweeper expands (interval(), tag())."""
@@ -313,8 +311,7 @@ class Composer:
         """Name the overrides that failed: compose without the value overrides and look them up."""
         from hydra import compose
 
-        groups = [o for o in parsed if o.key_or_group.split("@")[0] in GROUPS or "/" in o.key_or_group
-                  or o.key_or_group.startswith("hydra.")]
+        groups = [o for o in parsed if is_group_override(o) or o.is_hydra_override()]
         values = [o for o in parsed if o not in groups]
         try:
             base = compose(config_name=self.config_name, overrides=[o.input_line for o in groups])
@@ -438,8 +435,7 @@ def composition_problems(e: Exception, overrides: list[str], base) -> list[Probl
         parsed = parse_overrides(overrides)
     except ConfigError as parse_error:
         return parse_error.problems
-    values = [o for o in parsed if not (o.key_or_group.split("@")[0] in GROUPS or "/" in o.key_or_group
-                                        or o.key_or_group.startswith("hydra."))]
+    values = [o for o in parsed if not (is_group_override(o) or o.is_hydra_override())]
     return _problems_from_compose_error(e, values, base)
 
 
@@ -506,8 +502,8 @@ def compose_experiment(overrides: list[str], *, config_dir: Path = CONF_DIR, con
     return validate_experiment(data)
 
 
-_DEFAULT_PLUGINS = {"launcher": LAUNCHER_TARGET,
-                    "sweeper": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"}
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+"""Hydra's default sweeper, by the name its config gives (a string: nothing of Hydra's internals is imported)."""
 
 
 def hydra_plugin_problems(cfg) -> list[Problem]:
@@ -526,8 +522,8 @@ def hydra_plugin_problems(cfg) -> list[Problem]:
                                 "drop hydra/launcher=...; SLURM is launcher=slurm (it runs through "
                                 "hydra-submitit-launcher inside qwen3exp's launcher)"))
     target = OmegaConf.select(cfg, "hydra.sweeper._target_", throw_on_resolution_failure=False)
-    if target is not None and target != _DEFAULT_PLUGINS["sweeper"]:
-        available = _plugin_names("sweeper")
+    if target is not None and target != BASIC_SWEEPER:
+        available = _sweeper_names()
         if target not in available:
             problems.append(Problem("hydra.sweeper._target_", target, "is not an installed Hydra sweeper plugin",
                                     one_of(sorted(available)), did_you_mean(str(target), sorted(available)) or
@@ -536,13 +532,11 @@ def hydra_plugin_problems(cfg) -> list[Problem]:
     return problems
 
 
-def _plugin_names(kind: str) -> set[str]:
+def _sweeper_names() -> set[str]:
     from hydra.core.plugins import Plugins
-    from hydra.plugins.launcher import Launcher
     from hydra.plugins.sweeper import Sweeper
 
-    base = Launcher if kind == "launcher" else Sweeper
-    return {f"{c.__module__}.{c.__name__}" for c in Plugins.instance().discover(base)}
+    return {f"{c.__module__}.{c.__name__}" for c in Plugins.instance().discover(Sweeper)}
 
 
 def omegaconf_problem(e: Exception) -> Problem:

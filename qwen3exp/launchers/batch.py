@@ -91,19 +91,14 @@ class HydraFiles:
         return f"{root}/{config_path}.yaml"
 
     def provenance(self, overrides: list[str]) -> Provenance:
-        from qwen3exp.config.compose import GROUPS, parse_overrides
+        from qwen3exp.config.compose import is_group_override, parse_overrides
         from qwen3exp.config.origins import Provenance, file_sources
 
         parsed = parse_overrides(overrides)
-        groups = tuple(o.input_line for o in parsed if _is_group(o, GROUPS))
+        groups = tuple(o.input_line for o in parsed if is_group_override(o))
         if groups not in self._sources:
             self._sources[groups] = file_sources(self, groups)
-        return Provenance.with_overrides(self._sources[groups], [o for o in parsed if not _is_group(o, GROUPS)])
-
-
-def _is_group(ov, groups) -> bool:
-    key = ov.key_or_group.split("@")[0]
-    return key in groups or "/" in key or key.startswith("hydra.searchpath")
+        return Provenance.with_overrides(self._sources[groups], [o for o in parsed if not is_group_override(o)])
 
 
 # --------------------------------------------------------------------------------------- checks
