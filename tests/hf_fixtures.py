@@ -54,6 +54,46 @@ def write_checkpoint(folder: Path, *, tied: bool, rope_theta: float = 5e6, seed:
     return folder
 
 
+QWEN3_0P6B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
+                  rms_norm_eps=1e-6, max_position_embeddings=40960, hidden_act="silu",
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                  bos_token_id=151643, eos_token_id=151645, architectures=["Qwen3ForCausalLM"])
+"""Qwen/Qwen3-0.6B's published config.json (dimensions, vocabulary, tied embeddings, RoPE)."""
+
+
+def write_0p6b_checkpoint(folder: Path, *, seed: int = 0, max_shard_size: str = "400MB") -> Path:
+    """A random Qwen3-0.6B-shaped checkpoint written by transformers' `save_pretrained` in bfloat16
+    (as Qwen publishes it), in several safetensors shards of at most `max_shard_size` plus
+    model.safetensors.index.json, with the bundled tokenizer (vocab 2048: its ids fit the 151,936
+    embedding rows, which the pre-launch checks accept for the tokenizer shipped next to the weights).
+    HF's default init (std 0.02): a realistic, nearly uniform start (loss ~ ln 151936)."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(Qwen3Config(**QWEN3_0P6B), dtype=torch.bfloat16)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, max_shard_size=max_shard_size)
+    del model
+    for name in TOKENIZER_FILES:
+        shutil.copy(TOKENIZER_DIR / name, folder / name)
+    return folder
+
+
+def peak_rss_ratio(run_dir: Path) -> dict:
+    """The run's measured peak memory per rank next to its plan's per-rank estimate: `measured`
+    (bytes) is the largest `memory_gib` of metrics.jsonl (on the CPU the metrics rank's peak
+    resident set, VmHWM), `estimated` plan.json's `memory.total` (the model, optimizer and
+    activations: no Python/torch runtime), `ratio` measured / estimated."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    peaks = [r["memory_gib"] for r in rows if r.get("memory_gib") is not None]
+    measured = int(max(peaks) * 2**30) if peaks else None
+    estimated = int(json.loads((run_dir / "plan.json").read_text())["memory"]["total"])
+    ratio = measured / estimated if measured and estimated else float("nan")
+    return {"measured": measured, "estimated": estimated, "ratio": ratio}
+
+
 def first_batches(run_dir: Path) -> list[tuple]:
     """(input ids, labels, positions) of step 1 for every data-parallel rank, rebuilt with the run's
     own torchtitan config (tokenizer, dataloader, dp sharding) from its run directory."""
@@ -78,7 +118,35 @@ def first_batches(run_dir: Path) -> list[tuple]:
     return out
 
 
-def hf_loss(folder: Path, batches: list[tuple]) -> float:
+def hub_cache(cache: Path, repo_id: str, source: Path, *, commit: str, refs: tuple[str, ...] = ("main",)) -> Path:
+    """Put `source`'s files into a Hugging Face cache at `cache` exactly as huggingface_hub lays it
+    out: `models--org--name/blobs/<hash>` (the content), `snapshots/<commit>/<file>` (relative
+    symlinks to the blobs) and `refs/<branch>` (the commit). Returns the snapshot folder."""
+    import hashlib
+    import os
+
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for path in sorted(source.rglob("*")):
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        if not blob.exists():
+            blob.write_bytes(data)
+        link = snapshot / path.relative_to(source)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.unlink(missing_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    (repo / "refs").mkdir(exist_ok=True)
+    for ref in refs:
+        (repo / "refs" / ref).write_text(commit)
+    return snapshot
+
+
+def hf_loss(folder: Path, batches: list[tuple], *, experts_dtype: str | None = None) -> float:
     """The Hugging Face model's mean token loss over the batches, each packed document run on its
     own (so nothing depends on a mask implementation): sum of token losses / number of tokens.
 
@@ -98,18 +166,44 @@ def hf_loss(folder: Path, batches: list[tuple]) -> float:
         saved = Path(tmp) / "batches.pt"
         torch.save(batches, saved)
         code = (f"import sys, torch; sys.path.insert(0, {str(here)!r}); from hf_fixtures import hf_loss_here; "
-                f"print(repr(hf_loss_here({str(folder)!r}, torch.load({str(saved)!r}))))")
+                f"print(repr(hf_loss_here({str(folder)!r}, torch.load({str(saved)!r}), "
+                f"experts_dtype={experts_dtype!r})))")
         env = dict(os.environ, PYTHONPATH=str(here.parent), HF_HUB_OFFLINE="1")
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
         assert r.returncode == 0, r.stderr[-3000:]
         return float(r.stdout.strip().splitlines()[-1])
 
 
-def hf_loss_here(folder, batches: list[tuple]) -> float:
+def experts_in(dtype) -> None:
+    """Make transformers' Qwen3-MoE experts compute their matmuls in `dtype` (float32 accumulation,
+    float32 routing weights), as torchtitan 0.3.0's `GroupedExperts` does in bfloat16 whatever the
+    training dtype: the reference for the native backend's MoE (the mapping is then checked exactly)."""
+    import torch
+    from transformers.models.qwen3_moe import modeling_qwen3_moe as mq
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        out = torch.zeros_like(hidden_states)
+        for e in range(self.num_experts):
+            token, pos = torch.where(top_k_index == e)
+            if token.numel() == 0:
+                continue
+            x = hidden_states[token].to(dtype)
+            gate, up = (x @ self.gate_up_proj[e].to(dtype).T).chunk(2, dim=-1)
+            h = (torch.nn.functional.silu(gate) * up) @ self.down_proj[e].to(dtype).T
+            out.index_add_(0, token, h.to(hidden_states.dtype) * top_k_weights[token, pos, None])
+        return out
+
+    mq.Qwen3MoeExperts.forward = forward
+
+
+def hf_loss_here(folder, batches: list[tuple], experts_dtype: str | None = None) -> float:
     """`hf_loss` in this process (use only in a process that never built the transformers backend)."""
     import torch
     import torch.nn.functional as F
     from transformers import AutoModelForCausalLM
+
+    if experts_dtype is not None:
+        experts_in(getattr(torch, experts_dtype))
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
     model.eval()

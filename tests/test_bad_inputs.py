@@ -93,7 +93,7 @@ CASES = [
     Case("node_rank_out_of_range", ("launcher.node_rank=3",), "launcher.node_rank", "0..0"),
     # files: missing paths, wrong kinds, tokenizer larger than the model's vocabulary
     Case("assets_path_missing", ("model.hf_assets_path={tmp}/big_tokenizr",), "model.hf_assets_path",
-         "a local folder with tokenizer files", ("folder does not exist", "did you mean")),
+         "a local folder, or a Hugging Face Hub id", ("folder does not exist", "did you mean")),
     Case("assets_path_is_file", ("model.hf_assets_path={tmp}/corpus.csv",), "model.hf_assets_path",
          "a local folder with tokenizer files", ("is a file, not a folder",)),
     Case("assets_without_tokenizer", ("model.hf_assets_path={tmp}/empty",), "model.hf_assets_path",

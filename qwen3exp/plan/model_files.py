@@ -1,16 +1,24 @@
-"""Pre-launch checks that read files: the model folder's config.json, tokenizer and safetensors.
+"""Pre-launch checks that read files: the model's config.json, tokenizer and safetensors.
 
 The schema never touches the filesystem; `launch.prepare` calls `check()` before any worker
-starts. It resolves the architecture (flavor=auto and model=hf read config.json), checks an
-explicit flavor against config.json key by key (Qwen3-4B-Instruct-2507's rope_theta 5e6 against
-the 4B flavor's 1e6 is an error, not something to train through), the tokenizer's vocabulary
-against the model's, and, when weights are loaded, every safetensors file's header (readable,
-not truncated), every tensor the model needs (present, right shape, a floating-point dtype, no
-NaN or Inf in its values: `nonfinite_tensors`, within a byte budget). A folder whose config.json
-asks for remote code (`auto_map`) is refused: qwen3exp never runs code shipped in a model folder.
-Each mistake is one `Problem` naming the key; all of them are reported together. Cheap: JSON,
-safetensors headers and a bounded numpy scan of the raw bytes (no torch, no transformers, no
-torchtitan).
+starts. Every model reference (`model.hf_assets_path`, `model.hf_model`, `checkpoint.path`) is a
+local folder or a Hub id resolved offline from the local Hugging Face cache
+(`qwen3exp.plan.model_ref`). Three sources are then named, each from one reference:
+- config: the architecture (flavor=auto and model=hf read config.json);
+- tokenizer: `model.hf_assets_path`; for model=hf without it, `model.hf_model`'s own folder (the
+  model's tokenizer, never the bundled one); the bundled vocab-2048 tokenizer only when no model
+  folder is named at all;
+- weights: `checkpoint.path`, else the tokenizer's folder (hf_load, hf_roundtrip).
+`check()` resolves the architecture, checks an explicit flavor against config.json key by key
+(Qwen3-4B-Instruct-2507's rope_theta 5e6 against the 4B flavor's 1e6 is an error, not something to
+train through), the tokenizer's vocabulary against the model's (a tokenizer other than the model's
+own, or ids without an embedding, is an error), and, when weights are loaded, every safetensors
+file's header (readable, not truncated), every tensor the model needs (present, right shape, a
+floating-point dtype, no NaN or Inf in its values: `nonfinite_tensors`, within a byte budget). A
+folder whose config.json asks for remote code (`auto_map`) is refused: qwen3exp never runs code
+shipped in a model folder. Each mistake is one `Problem` naming the key; all of them are reported
+together. Cheap: JSON, safetensors headers and a bounded numpy scan of the raw bytes (no torch, no
+transformers, no torchtitan; huggingface_hub only for a Hub id).
 """
 
 from __future__ import annotations
@@ -34,13 +42,84 @@ from qwen3exp.config.flavors import (
 )
 from qwen3exp.config.schema import Experiment, HFLoad, HFRoundtrip, arch_problems
 from qwen3exp.errors import ConfigError, Problem, nearby_path
+from qwen3exp.plan import model_ref
+from qwen3exp.plan.model_ref import ModelRef
 from qwen3exp.units import GIB, MIB
 
 CONFIG_JSON = "config.json"
 INDEX_JSON = "model.safetensors.index.json"
-NOT_LOCAL = "is neither a local folder nor in the local Hugging Face cache (nothing is downloaded)"
+TOKENIZER_PATTERNS = ("tokenizer*", "vocab.json", "merges.txt", "special_tokens_map.json", "chat_template.jinja")
+"""The files of a tokenizer (for the `hf download --include` hint)."""
 MAX_LISTED = 5
 """Missing or mis-shaped tensors listed one by one before the rest are counted."""
+BUNDLED = "the tokenizer bundled with qwen3exp"
+
+
+@dataclass(frozen=True)
+class Refs:
+    """The experiment's model references, resolved (None: the key is not set)."""
+    assets: ModelRef | None
+    hf_model: ModelRef | None
+    checkpoint: ModelRef | None
+    problems: tuple[Problem, ...] = ()
+
+    def all(self) -> list[ModelRef]:
+        return [r for r in (self.assets, self.hf_model, self.checkpoint) if r is not None]
+
+    def tokenizer(self, exp: Experiment) -> ModelRef | None:
+        """Where the tokenizer comes from: hf_assets_path, else (model=hf) hf_model, else None (bundled)."""
+        if self.assets is not None:
+            return self.assets
+        return self.hf_model if exp.model.backend == "hf" else None
+
+    def config(self, exp: Experiment) -> ModelRef | None:
+        """Where config.json comes from (model=hf: hf_model, else hf_assets_path); None: bundled."""
+        if exp.model.backend == "hf" and self.hf_model is not None:
+            return self.hf_model
+        return self.assets
+
+    def weights(self, exp: Experiment) -> ModelRef | None:
+        """Where the step-0 safetensors come from (checkpoint.path, else the tokenizer's reference)."""
+        if not exp.checkpoint.loads_weights:
+            return None
+        return self.checkpoint if self.checkpoint is not None else self.tokenizer(exp)
+
+
+def refs(exp: Experiment) -> Refs:
+    """Resolve every model reference of the experiment (offline); problems name the key."""
+    m, c = exp.model, exp.checkpoint
+    problems: list[Problem] = []
+    out: dict[str, ModelRef | None] = {"assets": None, "hf_model": None, "checkpoint": None}
+    given = [("assets", "model.hf_assets_path", m.hf_assets_path, m.revision, "model.revision")]
+    if m.backend == "hf":
+        given.append(("hf_model", "model.hf_model", m.hf_model, m.revision, "model.revision"))
+    if isinstance(c, HFLoad | HFRoundtrip):
+        given.append(("checkpoint", "checkpoint.path", c.path, c.revision, "checkpoint.revision"))
+    for slot, key, value, revision, revision_key in given:
+        if value is None:
+            continue
+        ref, ps = model_ref.resolve(key, value, revision=revision, revision_key=revision_key)
+        out[slot] = ref
+        problems += ps
+    named = [v for _, _, v, _, _ in given if v is not None]
+    if m.revision is not None and not any(model_ref.split(v) and not Path(v).expanduser().exists()
+                                          for v in named[:2 if m.backend == "hf" else 1]):
+        if not any(p.key == "model.revision" for p in problems):
+            problems.append(Problem("model.revision", m.revision, "applies to a Hub id in model.hf_assets_path"
+                                    + (" or model.hf_model" if m.backend == "hf" else "") + ", and none is given",
+                                    "null, or a Hub id in the model reference"))
+    return Refs(out["assets"], out["hf_model"], out["checkpoint"], tuple(problems))
+
+
+def _folder(ref: ModelRef | None) -> Path:
+    """The resolved folder of a reference; the bundled folder for None. Raises ConfigError when it
+    does not resolve (`check` has refused that before launch, with the same problem)."""
+    if ref is None:
+        return TOKENIZER_DIR
+    if ref.folder is None:
+        _, problems = model_ref.resolve(ref.key, ref.value, revision=ref.revision)
+        raise ConfigError(problems or [Problem(ref.key, ref.value, "does not resolve")])
+    return ref.folder
 
 
 @dataclass(frozen=True)
@@ -50,13 +129,45 @@ class ModelFiles:
     source: str
     """Where the architecture came from: 'flavor tiny' or 'config.json of /path'."""
     folder: Path
-    """model.hf_assets_path (or the bundled folder): tokenizer, config.json."""
+    """The tokenizer's folder (model.hf_assets_path, model=hf's hf_model, or the bundled folder):
+    also torchtitan's hf_assets_path and what the export copies its tokenizer files from."""
     weights: Path | None
     """Folder whose safetensors are loaded at step 0 (checkpoint hf_load / hf_roundtrip)."""
+    config_folder: Path | None = None
+    """The folder whose config.json describes the model (None: an explicit flavor, no config.json)."""
+    tokenizer_vocab: int | None = None
+    """1 + the largest token id the tokenizer produces."""
+    refs: tuple[ModelRef, ...] = ()
+    """Every model reference the experiment names, resolved (Hub ids: snapshot and commit)."""
+    config_ref: ModelRef | None = None
+    """The reference config.json comes from (None: bundled, or an explicit flavor)."""
+    tokenizer_ref: ModelRef | None = None
+    """The reference the tokenizer comes from (None: bundled)."""
+    weights_ref: ModelRef | None = None
+    """The reference the weights come from (None: random initialisation)."""
+
+    def sources(self) -> dict:
+        """Where config, tokenizer and weights each come from (plan.json, provenance.json)."""
+        def entry(folder: Path | None, ref: ModelRef | None, what: str) -> dict | None:
+            if folder is None:
+                return None
+            out: dict = {"folder": str(folder), "what": what}
+            if ref is not None:
+                out.update({k: v for k, v in ref.as_json().items() if k != "folder"})
+            return out
+
+        return {
+            "config": entry(self.config_folder, self.config_ref, CONFIG_JSON) or {"folder": None, "what": self.source},
+            "tokenizer": entry(self.folder, self.tokenizer_ref,
+                               f"{self.tokenizer_vocab} tokens" + ("" if self.tokenizer_ref else f", {BUNDLED}")),
+            "weights": entry(self.weights, self.weights_ref, "safetensors loaded at step 0")
+            or {"folder": None, "what": "random initialisation"},
+        }
 
 
 def assets_folder(exp: Experiment) -> Path:
-    return Path(exp.model.hf_assets_path).expanduser().resolve() if exp.model.hf_assets_path else TOKENIZER_DIR
+    """The tokenizer's folder (torchtitan's hf_assets_path): see `Refs.tokenizer`."""
+    return _folder(refs(exp).tokenizer(exp))
 
 
 def checkpoint_path(exp: Experiment) -> str | None:
@@ -68,30 +179,19 @@ def checkpoint_path(exp: Experiment) -> str | None:
 
 def weights_folder(exp: Experiment) -> Path | None:
     """The folder loaded at step 0, or None when training starts from random weights."""
-    match exp.checkpoint.kind:
-        case "hf_load" | "hf_roundtrip":
-            path = checkpoint_path(exp)
-            return Path(path).expanduser().resolve() if path else assets_folder(exp)
-    return None
+    if not exp.checkpoint.loads_weights:
+        return None
+    return _folder(refs(exp).weights(exp))
 
 
 def hf_model_folder(exp: Experiment) -> tuple[str, Path | None]:
-    """model=hf: (what AutoConfig is given, the folder holding its config.json or None if absent)."""
-    name = exp.model.hf_model if exp.model.backend == "hf" else None
-    if name is None:
-        folder = assets_folder(exp)
-        return str(folder), folder
-    local = Path(name).expanduser()
-    if local.is_dir():
-        return str(local.resolve()), local.resolve()
-    # A Hub id: usable offline only when the local Hugging Face cache holds it.
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(name, CONFIG_JSON)
-    except Exception:  # an id that is not even a valid repo name
-        cached = None
-    return name, (Path(cached).parent if isinstance(cached, str) else None)
+    """model=hf: (what AutoConfig is given: the resolved folder, the folder holding its config.json
+    or None when the reference does not resolve)."""
+    r = refs(exp)
+    ref = r.config(exp)
+    if ref is None:
+        return str(TOKENIZER_DIR), TOKENIZER_DIR
+    return (str(ref.folder) if ref.folder is not None else ref.value), ref.folder
 
 
 def resolve_arch(exp: Experiment) -> Arch:
@@ -100,12 +200,7 @@ def resolve_arch(exp: Experiment) -> Arch:
     known = m.arch()  # a native flavor other than auto: no file to read
     if known is not None:
         return known
-    if m.backend == "hf":
-        name, folder = hf_model_folder(exp)
-        if folder is None:  # `check` refuses this before launch, with the same message
-            raise ConfigError([Problem("model.hf_model", name, NOT_LOCAL, f"a folder with a Qwen3 {CONFIG_JSON}")])
-    else:
-        folder = assets_folder(exp)
+    folder = _folder(refs(exp).config(exp))
     arch = arch_from_hf_config(read_hf_config(folder), backend=m.backend)
     if m.backend == "native":
         arch = arch.reduced(n_layers=m.n_layers, num_experts=m.num_experts, top_k=m.top_k)
@@ -114,16 +209,19 @@ def resolve_arch(exp: Experiment) -> Arch:
 
 def check(exp: Experiment) -> ModelFiles:
     """Resolve and check the model's files; raise ConfigError naming every problem."""
-    problems: list[Problem] = []
-    folder = assets_folder(exp)
-    key = "model.hf_assets_path"
+    r = refs(exp)
+    problems: list[Problem] = list(r.problems)
+    tok_ref, cfg_ref = r.tokenizer(exp), r.config(exp)
+    if (tok_ref is not None and tok_ref.folder is None) or (cfg_ref is not None and cfg_ref.folder is None):
+        raise ConfigError(problems)  # nothing to read without the model's folder
+    folder = _folder(tok_ref)
     if not folder.is_dir():
-        raise ConfigError([Problem(key, str(folder),
-                                   "is a file, not a folder" if folder.exists() else "folder does not exist",
-                                   "a local folder with tokenizer files (and config.json, safetensors)",
-                                   nearby_path(folder))])
-    problems += remote_code_problems(exp)
-    arch, source = _resolve_arch(exp, folder, problems)
+        key, value = (tok_ref.key, tok_ref.value) if tok_ref else ("model.hf_assets_path", str(folder))
+        raise ConfigError(problems + [Problem(key, value, "is a file, not a folder",
+                                              "a local folder with tokenizer files (and config.json, safetensors)",
+                                              nearby_path(folder))])
+    problems += remote_code_problems(exp, r)
+    arch, source = _resolve_arch(exp, r, problems)
     if arch is None:
         raise ConfigError(problems)
     if exp.model.backend == "native" and exp.model.flavor != "auto":
@@ -134,21 +232,48 @@ def check(exp: Experiment) -> ModelFiles:
     m = exp.model
     if m.backend == "native":
         arch = base.reduced(n_layers=m.n_layers, num_experts=m.num_experts, top_k=m.top_k)
-    problems += _tokenizer_problems(folder, arch)
-    weights = weights_folder(exp)
+    problems += _hf_moe_problems(exp, arch)
+    w_ref = r.weights(exp)
+    weights = None
+    if exp.checkpoint.loads_weights and (w_ref is None or w_ref.folder is not None):
+        weights = _folder(w_ref)
+    vocab, tok_problems = _tokenizer_problems(exp, r, folder, arch, weights)
+    problems += tok_problems
     if weights is not None:
-        wkey = "checkpoint.path" if checkpoint_path(exp) else key
-        problems += _weights_problems(wkey, weights, arch, exact=(arch == base))
+        wkey = w_ref.key if w_ref is not None else "model.hf_assets_path"
+        problems += _weights_problems(wkey, weights, arch, exact=(arch == base), ref=w_ref)
     if problems:
         raise ConfigError(problems)
-    return ModelFiles(arch=arch, source=source, folder=folder, weights=weights)
+    cfg_folder = None if (m.backend == "native" and m.flavor != "auto") else _folder(cfg_ref)
+    return ModelFiles(arch=arch, source=source, folder=folder, weights=weights, config_folder=cfg_folder,
+                      tokenizer_vocab=vocab, refs=tuple(r.all()), config_ref=cfg_ref if cfg_folder else None,
+                      tokenizer_ref=tok_ref, weights_ref=w_ref)
 
 
-def _read_config(key: str, value: str, folder: Path | None, problems: list[Problem]) -> dict | None:
-    path = folder / CONFIG_JSON if folder is not None else None
-    if path is None or not path.is_file():
-        problems.append(Problem(key, value, f"holds no {CONFIG_JSON}" if folder else NOT_LOCAL,
-                                f"a folder with a Qwen3 {CONFIG_JSON}"))
+def _hf_moe_problems(exp: Experiment, arch: Arch) -> list[Problem]:
+    """model=hf trains transformers' own MoE block (torchtitan 0.3.0 never swaps its MoE in, see
+    qwen3exp/titan/hf_model.py), which has no tensor- or expert-parallel plan."""
+    p = exp.parallelism
+    if exp.model.backend != "hf" or arch.moe is None:
+        return []
+    return [Problem(f"parallelism.{k}", v, "model=hf trains transformers' own MoE block (torchtitan 0.3.0's "
+                    "Transformers backend never swaps its own MoE in), which has no tensor- or expert-parallel "
+                    "plan", "1 for a Qwen3-MoE with model=hf", "FSDP (parallelism.dp_shard) works; for tp or ep use "
+                    "the native backend (model=native model.flavor=auto)")
+            for k, v in (("tp", p.tp), ("ep", p.ep)) if v > 1]
+
+
+def _fetch_hint(ref: ModelRef | None, *patterns: str) -> str | None:
+    cmd = ref.fetch_command(*patterns) if ref is not None else None
+    return f"fetch it into the Hugging Face cache: {cmd}" if cmd else None
+
+
+def _read_config(key: str, value: str, folder: Path, problems: list[Problem],
+                 ref: ModelRef | None = None) -> dict | None:
+    path = folder / CONFIG_JSON
+    if not path.is_file():
+        problems.append(Problem(key, value, f"holds no {CONFIG_JSON}" + (f" ({folder})" if ref and ref.is_hub else ""),
+                                f"a folder with a Qwen3 {CONFIG_JSON}", _fetch_hint(ref, CONFIG_JSON)))
         return None
     try:
         cfg = json.loads(path.read_text())
@@ -170,19 +295,18 @@ def _arch_of(key: str, value: str, cfg: dict, problems: list[Problem], backend: 
         return None
 
 
-def remote_code_problems(exp: Experiment) -> list[Problem]:
+def remote_code_problems(exp: Experiment, r: Refs | None = None) -> list[Problem]:
     """Every model folder the experiment reads (model.hf_assets_path, model.hf_model,
     checkpoint.path) whose config.json has an `auto_map`: the entry through which transformers
     imports and runs Python files shipped in the folder (trust_remote_code). qwen3exp reads model
     folders as data only, so such a folder is refused before anything starts."""
+    r = r if r is not None else refs(exp)
     folders: list[tuple[str, str, Path | None]] = [
-        ("model.hf_assets_path", str(assets_folder(exp)), assets_folder(exp))]
-    if exp.model.backend == "hf" and exp.model.hf_model is not None:
-        name, folder = hf_model_folder(exp)
-        folders.append(("model.hf_model", name, folder))
-    ckpt = checkpoint_path(exp)
-    if weights_folder(exp) is not None and ckpt:
-        folders.append(("checkpoint.path", ckpt, weights_folder(exp)))
+        ("model.hf_assets_path", str(TOKENIZER_DIR), TOKENIZER_DIR) if r.assets is None else
+        (r.assets.key, r.assets.value, r.assets.folder)]
+    for ref in (r.hf_model, r.checkpoint if exp.checkpoint.loads_weights else None):
+        if ref is not None:
+            folders.append((ref.key, ref.value, ref.folder))
     problems, seen = [], set()
     for key, value, folder in folders:
         path = folder / CONFIG_JSON if folder is not None else None
@@ -204,24 +328,22 @@ def remote_code_problems(exp: Experiment) -> list[Problem]:
     return problems
 
 
-def _resolve_arch(exp: Experiment, folder: Path, problems: list[Problem]) -> tuple[Arch | None, str]:
+def _resolve_arch(exp: Experiment, r: Refs, problems: list[Problem]) -> tuple[Arch | None, str]:
     m = exp.model
-    key = "model.hf_assets_path"
-    if m.backend == "hf":
-        name, cfg_folder = hf_model_folder(exp)
-        key = "model.hf_model" if m.hf_model is not None else key
-        cfg = _read_config(key, name, cfg_folder, problems)
-        arch = _arch_of(key, name, cfg, problems, "hf") if cfg is not None else None
-        return arch, f"{CONFIG_JSON} of {name}"
-    source = f"{CONFIG_JSON} of {folder}"
-    if m.flavor == "auto":
-        cfg = _read_config(key, str(folder), folder, problems)
-        return (_arch_of(key, str(folder), cfg, problems, "native") if cfg is not None else None), source
+    cfg_ref = r.config(exp)
+    folder = _folder(cfg_ref)
+    key, value = (cfg_ref.key, cfg_ref.value) if cfg_ref is not None else ("model.hf_assets_path", str(folder))
+    described = cfg_ref.describe() if cfg_ref is not None else str(folder)
+    source = f"{CONFIG_JSON} of {described}"
+    if m.backend == "hf" or m.flavor == "auto":
+        cfg = _read_config(key, value, folder, problems, cfg_ref)
+        arch = _arch_of(key, value, cfg, problems, m.backend) if cfg is not None else None
+        return arch, source
     flavor = FLAVORS[m.flavor]
     if m.hf_assets_path is not None and (folder / CONFIG_JSON).is_file():
         # An explicit flavor next to a checkpoint's config.json: both must describe one model.
-        cfg = _read_config(key, str(folder), folder, problems)
-        arch = _arch_of(key, str(folder), cfg, problems, "native") if cfg is not None else None
+        cfg = _read_config(key, value, folder, problems, cfg_ref)
+        arch = _arch_of(key, value, cfg, problems, "native") if cfg is not None else None
         if arch is not None:
             for name, mine, theirs in arch_differences(flavor, arch):
                 problems.append(Problem(
@@ -253,20 +375,50 @@ def tokenizer_vocab_size(folder: Path) -> int | None:
     return max(ids) + 1 if ids else 0
 
 
-def _tokenizer_problems(folder: Path, arch: Arch) -> list[Problem]:
-    key = "model.hf_assets_path"
+def _tokenizer_problems(exp: Experiment, r: Refs, folder: Path, arch: Arch,
+                        weights: Path | None) -> tuple[int | None, list[Problem]]:
+    """(the tokenizer's vocabulary, problems): the tokenizer exists, its ids fit the model's
+    embedding, and it is the model's own: a tokenizer from another folder than the model's config or
+    weights must have the same vocabulary as the tokenizer that ships with them, and the bundled
+    tokenizer is never used silently for loaded weights of another vocabulary."""
+    ref = r.tokenizer(exp)
+    key, value = (ref.key, ref.value) if ref is not None else ("model.hf_assets_path", str(folder))
     try:
         n = tokenizer_vocab_size(folder)
     except (OSError, json.JSONDecodeError, TypeError, KeyError, ValueError) as e:
-        return [Problem(key, str(folder), f"tokenizer files are unreadable ({e})")]
+        return None, [Problem(key, value, f"tokenizer files are unreadable ({e})")]
     if n is None:
-        return [Problem(key, str(folder), "holds no tokenizer",
-                        "a folder with tokenizer.json, or vocab.json + merges.txt")]
+        return None, [Problem(key, value, "holds no tokenizer" + (f" ({folder})" if ref and ref.is_hub else ""),
+                              "a folder with tokenizer.json, or vocab.json + merges.txt",
+                              _fetch_hint(ref, *TOKENIZER_PATTERNS))]
     if n > arch.vocab_size:
-        return [Problem(key, str(folder), f"the tokenizer produces token ids up to {n - 1} but the model's "
-                        f"vocab_size is {arch.vocab_size}: ids >= {arch.vocab_size} have no embedding",
-                        f"a tokenizer with at most {arch.vocab_size} tokens, or a model with vocab_size >= {n}")]
-    return []
+        return n, [Problem(key, value, f"the tokenizer produces token ids up to {n - 1} but the model's "
+                           f"vocab_size is {arch.vocab_size}: ids >= {arch.vocab_size} have no embedding",
+                           f"a tokenizer with at most {arch.vocab_size} tokens, or a model with vocab_size >= {n}")]
+    problems = []
+    # The model's own tokenizer: the one next to its config.json and next to its weights.
+    owners = [(o.key, o.value, o.folder) for o in (r.config(exp), r.weights(exp))
+              if o is not None and o.folder is not None and o.folder != folder]
+    for okey, ovalue, ofolder in dict.fromkeys(owners):
+        try:
+            own = tokenizer_vocab_size(ofolder)
+        except (OSError, json.JSONDecodeError, TypeError, KeyError, ValueError):
+            continue
+        if own is not None and own != n:
+            where = "the bundled tokenizer" if ref is None else f"the tokenizer of {key} = {value!r}"
+            problems.append(Problem(
+                key, value if ref is not None else None,
+                f"{where} has {n} tokens, but the model of {okey} = {ovalue!r} ships its own tokenizer with "
+                f"{own} tokens: training would read text with another model's token ids",
+                f"the model's own tokenizer ({okey}'s folder, or a copy of it)",
+                f"leave {key} unset to use the tokenizer of {okey}" if ref is None or exp.model.backend == "hf"
+                else f"set {key} to the folder (or Hub id) of {okey}"))
+    if ref is None and weights is not None and not problems and n != arch.vocab_size:
+        problems.append(Problem(
+            key, None, f"no tokenizer is named: {BUNDLED} has {n} tokens, but the loaded weights of "
+            f"{weights} have a vocabulary of {arch.vocab_size}",
+            "the model's own tokenizer", "set model.hf_assets_path to the model's folder or Hub id"))
+    return n, problems
 
 
 def safetensors_files(folder: Path) -> tuple[list[Path], list[str]]:
@@ -429,12 +581,14 @@ def _value_problems(key: str, folder: Path, files: list[Path], names: list[str])
     return problems
 
 
-def _weights_problems(key: str, folder: Path, arch: Arch, *, exact: bool) -> list[Problem]:
+def _weights_problems(key: str, folder: Path, arch: Arch, *, exact: bool, ref: ModelRef | None = None) -> list[Problem]:
     if not folder.is_dir():
         return [Problem(key, str(folder), "folder does not exist", "a folder with *.safetensors")]
     files, msgs = safetensors_files(folder)
     if not files and not msgs:
-        return [Problem(key, str(folder), "holds no *.safetensors to load", "a folder with *.safetensors")]
+        return [Problem(key, ref.value if ref else str(folder), "holds no *.safetensors to load"
+                        + (f" ({folder})" if ref and ref.is_hub else ""), "a folder with *.safetensors",
+                        _fetch_hint(ref, "*.safetensors", INDEX_JSON))]
     shapes, bad = read_headers(files)
     msgs += bad
     if bad:  # names from a broken file are incomplete; do not add spurious 'missing' lines

@@ -184,8 +184,20 @@ def collect(facts, exp_hash: str, origin: Origin | None) -> tuple[dict, str | No
     return prov, diff
 
 
+def model_sources(run_dir: Path) -> dict | None:
+    """Where the run's config, tokenizer and weights come from, as its plan resolved them (a Hub id:
+    repo id, revision and the snapshot commit of the local cache), from the plan the launcher
+    wrote just before (`plan.json`, or `plan_node<R>.json` on the other nodes of a multi-node run)."""
+    for path in sorted(run_dir.glob("plan*.json")):
+        plan = rundir.read_json(path)
+        if isinstance(plan, dict) and isinstance(plan.get("model_files"), dict):
+            return plan["model_files"]
+    return None
+
+
 def write(run_dir: Path, facts, exp_hash: str, origin: Origin | None) -> dict:
     prov, diff = collect(facts, exp_hash, origin)
+    prov["model_sources"] = model_sources(run_dir)
     if diff:
         rundir.atomic_write_text(run_dir / rundir.GIT_DIFF, diff)
         prov["git"]["diff_file"] = rundir.GIT_DIFF

@@ -28,8 +28,14 @@ def export_folder(run_dir: Path, steps: int) -> Path:
     return run_dir / rundir.CHECKPOINT / f"step-{steps}"
 
 
-def complete(folder: Path, *, arch: Arch, assets: Path, config_source: Path | None, dtype: str) -> None:
-    """Write config.json and copy the tokenizer files into torchtitan's export folder."""
+def complete(folder: Path, *, arch: Arch, assets: Path, config_source: Path | None, dtype: str,
+             max_shard_bytes: int | None = None) -> None:
+    """Make torchtitan's export folder a complete Hugging Face model folder: config.json (the
+    source's, every architecture key set from the trained architecture, `dtype` the export dtype),
+    generation_config.json (the source's, else derived from config.json as transformers does), the
+    tokenizer files and chat template of `assets`, and the weights split into files of at most
+    `max_shard_bytes` with model.safetensors.index.json (when torchtitan wrote one file; a source
+    index already decided the split). Every file honours the umask (plain `open`, no copied modes)."""
     base = None
     if config_source is not None and (config_source / "config.json").is_file():
         base = json.loads((config_source / "config.json").read_text())
@@ -37,12 +43,97 @@ def complete(folder: Path, *, arch: Arch, assets: Path, config_source: Path | No
     cfg["dtype"] = dtype
     cfg.pop("torch_dtype", None)  # transformers 4.x name of the same key
     rundir.atomic_write_json(folder / "config.json", cfg)
-    for name in ASSET_FILES:
-        if (assets / name).is_file() and not (folder / name).exists():
-            shutil.copy(assets / name, folder / name)
+    for source in (config_source, assets):
+        if source is None:
+            continue
+        for name in ASSET_FILES:
+            if (source / name).is_file() and not (folder / name).exists():
+                shutil.copyfile(source / name, folder / name)  # content only: the mode follows the umask
+    if not (folder / GENERATION_CONFIG).exists():
+        rundir.atomic_write_json(folder / GENERATION_CONFIG, derived_generation_config(cfg))
     # The per-rank pieces torchtitan consolidated into the model-*.safetensors files: not part of
     # a Hugging Face folder, and as large as the weights.
     shutil.rmtree(folder / "sharded", ignore_errors=True)
+    if max_shard_bytes is None:
+        max_shard_bytes = recorded_max_shard_bytes(folder)
+    if max_shard_bytes is not None:
+        reshard(folder, max_shard_bytes)
+
+
+def recorded_max_shard_bytes(folder: Path) -> int | None:
+    """checkpoint.max_shard_mb of the run the export `<run dir>/checkpoint/step-N` belongs to, from
+    its experiment.yaml (the launcher's `finish_export` does not pass it)."""
+    data = rundir.read_experiment(folder.parent.parent) or {}
+    mb = (data.get("checkpoint") or {}).get("max_shard_mb")
+    return int(mb) * 10**6 if isinstance(mb, int) and mb > 0 else None
+
+
+GENERATION_CONFIG = "generation_config.json"
+INDEX = "model.safetensors.index.json"
+
+
+def derived_generation_config(cfg: dict) -> dict:
+    """generation_config.json for a model whose source has none: what transformers derives from
+    config.json (`GenerationConfig.from_model_config`: bos/eos/pad token ids, ...)."""
+    from transformers import GenerationConfig, PretrainedConfig
+
+    return GenerationConfig.from_model_config(PretrainedConfig.from_dict(cfg)).to_diff_dict()
+
+
+def reshard(folder: Path, max_shard_bytes: int) -> list[str]:
+    """Split a one-file export (torchtitan's `model-00001-of-00001.safetensors`) larger than
+    `max_shard_bytes` into `model-0000i-of-0000n.safetensors` files of at most that size (a tensor
+    larger than it gets a file of its own), in the file's tensor order, and rewrite
+    model.safetensors.index.json. Returns the file names (unchanged when one file fits)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    files = sorted(folder.glob("model-*.safetensors"))
+    if len(files) != 1 or files[0].stat().st_size <= max_shard_bytes:
+        return [f.name for f in files]
+    src = files[0]
+    with safe_open(str(src), framework="pt") as f:
+        names = list(f.keys())
+        metadata = f.metadata() or {}
+        sizes = {n: f.get_slice(n).get_shape() for n in names}
+        dtypes = {n: f.get_slice(n).get_dtype() for n in names}
+        groups: list[list[str]] = [[]]
+        used = 0
+        for n in names:
+            nbytes = _nbytes(sizes[n], dtypes[n])
+            if groups[-1] and used + nbytes > max_shard_bytes:
+                groups.append([])
+                used = 0
+            groups[-1].append(n)
+            used += nbytes
+        total = len(groups)
+        weight_map, out = {}, []
+        for i, group in enumerate(groups, 1):
+            name = f"model-{i:05d}-of-{total:05d}.safetensors"
+            save_file({n: f.get_tensor(n) for n in group}, str(folder / f".{name}.tmp"), metadata={**metadata,
+                                                                                                 "format": "pt"})
+            weight_map.update({n: name for n in group})
+            out.append(name)
+    mode = 0o666 & ~rundir.umask()  # safetensors creates its files 0600
+    for name in out:
+        (folder / f".{name}.tmp").chmod(mode)
+        (folder / f".{name}.tmp").replace(folder / name)
+    if src.name not in out:
+        src.unlink()
+    total_size = sum(_nbytes(sizes[n], dtypes[n]) for n in names)
+    rundir.atomic_write_json(folder / INDEX, {"metadata": {"total_size": total_size}, "weight_map": weight_map})
+    return out
+
+
+_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
+                "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def _nbytes(shape, dtype: str) -> int:
+    n = _DTYPE_BYTES.get(dtype, 4)
+    for d in shape:
+        n *= d
+    return n
 
 
 def verify(folder: Path, *, tied: bool) -> dict:

@@ -1,0 +1,146 @@
+"""Qwen3-MoE through both backends, from a Hub id in a local Hugging Face cache (2 CPU ranks each):
+hf_load, step-1 loss against transformers on the same batch, export (per-expert tensors, sharded
+with an index), and the export loaded offline by AutoModelForCausalLM, AutoTokenizer and
+pipeline("text-generation"). The hf-backend run is launched under umask 027: every file of the run
+and of the export is then 0640, every folder 0750.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from conftest import read_summary, run_cli
+from hf_fixtures import first_batches, hf_loss, hub_cache, write_checkpoint
+
+pytestmark = pytest.mark.slow
+
+REPO, COMMIT = "qwen3exp-test/tiny-moe", "0123456789abcdef0123456789abcdef01234567"
+SMALL = ("training.steps=2", "training.warmup_steps=1", "training.seq_len=64", "training.local_batch_size=2",
+         "metrics.tensorboard=false", "launcher.nproc_per_node=2", "checkpoint=hf_roundtrip",
+         "checkpoint.max_shard_mb=1")
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("moe")
+    folder = write_checkpoint(root / "src", tied=False, seed=3, num_experts=4, num_experts_per_tok=2,
+                              moe_intermediate_size=32, norm_topk_prob=True)
+    cache = root / "hub"
+    snapshot = hub_cache(cache, REPO, folder, commit=COMMIT)
+    return {"folder": folder, "cache": cache, "snapshot": snapshot}
+
+
+@pytest.fixture
+def in_cache(moe, monkeypatch):
+    """This process resolves Hub ids in the test cache too (first_batches rebuilds the run's config)."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(moe["cache"]))
+    monkeypatch.setenv("HF_HUB_CACHE", str(moe["cache"]))
+
+
+def _train(run_dir: Path, moe: dict, *overrides: str, umask: int | None = None) -> dict:
+    old = os.umask(umask) if umask is not None else None
+    try:
+        r = run_cli(*overrides, *SMALL, f"hydra.run.dir={run_dir}", env={"HF_HUB_CACHE": str(moe["cache"])})
+    finally:
+        if old is not None:
+            os.umask(old)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return read_summary(run_dir)
+
+
+def _check_export(summary: dict, moe: dict) -> Path:
+    export = summary["export"]
+    assert export["ok"] and export["missing_keys"] == [] and export["unexpected_keys"] == [], export
+    folder = Path(export["path"])
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    names = set(index["weight_map"])
+    # Hugging Face's per-expert layout, not transformers' fused in-memory tensors.
+    assert "model.layers.1.mlp.experts.3.down_proj.weight" in names
+    assert not any(n.endswith(("gate_up_proj", "experts.down_proj")) for n in names)
+    assert len(set(index["weight_map"].values())) >= 2  # checkpoint.max_shard_mb=1: sharded
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (folder / name).is_file(), name
+    assert (folder / "tokenizer.json").read_bytes() == (moe["folder"] / "tokenizer.json").read_bytes()
+    return folder
+
+
+def _loads_offline(folder: Path) -> None:
+    """AutoModelForCausalLM, AutoTokenizer and pipeline('text-generation') on the export, offline,
+    in a fresh process (see hf_fixtures.hf_loss on why)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline; "
+            f"p = {str(folder)!r}; m = AutoModelForCausalLM.from_pretrained(p); t = AutoTokenizer.from_pretrained(p); "
+            "out = pipeline('text-generation', model=m, tokenizer=t)('hello', max_new_tokens=3, do_sample=False); "
+            "print('GENERATED', type(m).__name__, len(out[0]['generated_text']) > 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "GENERATED Qwen3MoeForCausalLM True" in r.stdout
+
+
+def test_native_moe_loads_exports_and_reloads(moe, tmp_path, in_cache):
+    run_dir = tmp_path / "run"
+    s = _train(run_dir, moe, "model.flavor=auto", f"model.hf_assets_path={REPO}@{COMMIT}")
+    assert s["weights_source"] == str(moe["snapshot"])
+    # torchtitan 0.3.0's GroupedExperts computes in bfloat16 whatever the training dtype: the exact
+    # reference is transformers with its expert matmuls in bfloat16 (the float32 one is printed).
+    batches = first_batches(run_dir)
+    exact, fp32 = hf_loss(moe["folder"], batches, experts_dtype="bfloat16"), hf_loss(moe["folder"], batches)
+    print(f"native MoE step-1 loss {s['step1_loss']:.6f}: - transformers(bf16 experts) = "
+          f"{s['step1_loss'] - exact:+.2e}, - transformers(fp32) = {s['step1_loss'] - fp32:+.2e}")
+    assert abs(s["step1_loss"] - exact) < TOL
+    _loads_offline(_check_export(s, moe))
+    prov = json.loads((run_dir / "provenance.json").read_text())
+    tok = prov["model_sources"]["tokenizer"]
+    assert tok["repo_id"] == REPO and tok["commit"] == COMMIT and tok["folder"] == str(moe["snapshot"])
+
+
+def test_hf_backend_moe_loads_exports_and_reloads_with_umask_027(moe, tmp_path, in_cache):
+    run_dir = tmp_path / "run"
+    s = _train(run_dir, moe, "model=hf", f"model.hf_model={REPO}", f"model.revision={COMMIT}", umask=0o027)
+    assert s["weights_source"] == str(moe["snapshot"])  # the model's own folder: config, tokenizer, weights
+    reference = hf_loss(moe["folder"], first_batches(run_dir))
+    print(f"hf-backend MoE step-1 loss {s['step1_loss']:.6f} - transformers = {s['step1_loss'] - reference:+.2e}")
+    assert abs(s["step1_loss"] - reference) < TOL
+    folder = _check_export(s, moe)
+    modes = {p.relative_to(run_dir).as_posix(): stat.S_IMODE(p.stat().st_mode)
+             for p in [run_dir, *run_dir.rglob("*")] if not p.is_symlink()
+             # torchrun's own per-launch log folder (torch.distributed.elastic, mkdtemp: 0700)
+             and not p.relative_to(run_dir).as_posix().startswith("logs/qwen3exp_")}
+    wrong = {k: oct(v) for k, v in modes.items() if v != (0o750 if (run_dir / k).is_dir() else 0o640)}
+    assert not wrong, wrong  # umask 027: no file more open than 0640, none private (0600) either
+    for name in ("summary.json", "experiment.yaml", "plan.json", "provenance.json"):
+        assert modes[name] == 0o640, name
+    _loads_offline(folder)
+
+
+def test_upstream_moe_swap_still_skipped():
+    """torchtitan 0.3.0 never swaps its MoE into the Transformers backend (it iterates a ModuleDict's
+    keys); when this fails, upstream is fixed and `moe_load_balancing_hook` / `replicate_hf_moe_blocks`
+    in qwen3exp/titan/hf_model.py can go."""
+    import inspect
+
+    import torch
+    from torchtitan.components.optimizer import register_moe_load_balancing_hook
+    from torchtitan.experiments.transformers_modeling_backend import parallelize
+
+    from qwen3exp.titan.hf_model import moe_load_balancing_hook
+
+    assert 'any(getattr(b, "moe_enabled", False) for b in model.layers)' in inspect.getsource(parallelize)
+    layer = torch.nn.Module()
+    layer.moe_enabled = True  # what the backend marks; no `.moe` is ever set
+    part = torch.nn.Module()
+    part.layers = torch.nn.ModuleDict({"0": layer})
+    with pytest.raises(AttributeError, match="moe"):
+        register_moe_load_balancing_hook(None, [part], None)
+    moe_load_balancing_hook(None, [part], None)  # the workaround: nothing to balance
