@@ -78,7 +78,18 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None) -> 
     dry = _dry_run(master)
     discard = dry
     try:
+        if master.adaptive:
+            from qwen3exp.launchers import search
+
+            if dry:  # nobody knows an adaptive sweeper's points before it runs: the space, checked
+                return search.dry_run(master, inv)
+            search.check_space(master, inv)
+            master.extra.extend(search.resume_overrides(master, out))
         return _launch(inv, master, out, command, dry)
+    except ConfigError as e:
+        print(e.render(), file=sys.stderr)
+        discard = True
+        return EXIT_CONFIG_ERROR
     except SystemExit as e:
         if e.code != EXIT_CONFIG_ERROR:
             raise
@@ -156,13 +167,14 @@ def _launch(inv: Invocation, master: Master, out: Path, command: list[str], dry:
     from qwen3exp.launchers import sweep
 
     since = sweep.manifest_size(out)
-    extra = [f"hydra.sweep.dir={quote_value(str(out))}"]
+    extra = [*master.extra, f"hydra.sweep.dir={quote_value(str(out))}"]
     if master.multirun:
         print(f"  to resume this sweep later, run: {sweep.resume_command(command, out)}", flush=True)
     else:
         extra.append("hydra.sweep.subdir=.")
     started = time.time()
     stopped = None
+    gave_up = False
     old = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         _run_hydra(inv, extra, multirun=True)
@@ -176,6 +188,7 @@ def _launch(inv: Invocation, master: Master, out: Path, command: list[str], dry:
         if e.code in (130, 143):
             stopped = int(e.code)
         else:
+            gave_up = True
             print(f"qwen3exp: stopped early (exit {e.code})", file=sys.stderr)
     finally:
         signal.signal(signal.SIGTERM, old)
@@ -184,6 +197,9 @@ def _launch(inv: Invocation, master: Master, out: Path, command: list[str], dry:
     slurm = _is_slurm(master)
     if slurm and stopped:
         _cancel(out)
+    if master.adaptive:  # the whole search, earlier launches included (each trial once)
+        code = sweep.finish(sweep.recorded(out), out, command, stopped=stopped, adaptive=True)
+        return max(code, 1) if gave_up else code
     if master.multirun:
         return sweep.finish(sweep.recorded(out, since), out, command, stopped=stopped)
     return _run_outcome(out, started, stopped, slurm, _node_rank(master))
@@ -254,6 +270,8 @@ def entry() -> None:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
+    if "torch" not in sys.modules:  # nothing slow to tear down: a normal exit runs the exit hooks
+        sys.exit(code)              # (joblib's, for sweep.parallel_jobs, removes its temporary folder)
     os._exit(code)
 
 

@@ -33,8 +33,18 @@ def read_summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
+def metrics_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """The training rows (one per logged step)."""
+    return [r for r in metrics_rows(run_dir) if "loss" in r]
+
+
+def read_validation(run_dir: Path) -> list[dict]:
+    """The validation rows (step, val_loss, val_perplexity)."""
+    return [r for r in metrics_rows(run_dir) if "val_loss" in r]
 
 
 def compose(*overrides: str) -> dict:

@@ -46,8 +46,10 @@ def wait_for(condition, *, proc: subprocess.Popen | None = None, timeout: float 
 
 
 def metric_rows(run_dir: Path) -> int:
+    """Training rows of metrics.jsonl written so far (validation rows have no "loss" key)."""
     try:
-        return sum(1 for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.endswith("}"))
+        return sum(1 for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+                   if line.endswith("}") and '"loss":' in line)
     except OSError:
         return 0
 

@@ -4,11 +4,12 @@ mistakes that exit 2 before any worker starts."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import yaml
 
-from conftest import read_metrics, read_summary, run_cli
+from conftest import read_metrics, read_summary, read_validation, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +34,16 @@ def test_default_experiment_trains_on_two_ranks(trained):
         assert set(row) >= {"step", "loss", "grad_norm", "tokens_per_second", "memory_gib", "mfu"}
         assert row["tokens_per_second"] > 0 and row["memory_gib"] > 0 and row["mfu"] is None  # CPU: no peak
     assert rows[0]["loss"] == s["first_loss"] and rows[-1]["loss"] == s["last_loss"]
+    # The held-out loss: at step 1, every validation.freq=10 steps and at the last step; measured
+    # on other documents after the step's update, so it is not the training loss; it falls.
+    val = read_validation(run)
+    assert [v["step"] for v in val] == [1, 10, 12]
+    by_step = {row["step"]: row["loss"] for row in rows}
+    assert all(v["val_loss"] != by_step[v["step"]] for v in val)
+    assert val[-1]["val_loss"] < val[0]["val_loss"]
+    assert all(abs(v["val_perplexity"] - math.exp(v["val_loss"])) < 1e-6 * v["val_perplexity"] for v in val)
+    assert s["val_loss"] == val[-1]["val_loss"] and s["first_val_loss"] == val[0]["val_loss"] and s["val_step"] == 12
+    assert s["objective"] == {"metric": "val_loss", "direction": "minimize", "value": s["val_loss"]}
     # The user sees torchtitan's per-step lines and one closing line.
     assert "step: 12" in r.stdout and "loss:" in r.stdout
     assert f"qwen3exp: completed: {run}" in r.stdout
@@ -50,7 +61,14 @@ def test_run_directory_contract(trained):
     assert "-m qwen3exp.run.agent" in cmd and "--nproc-per-node 2" in cmd and "qwen3exp.worker.main" in cmd
     rank_logs = sorted(p.parent.name for p in (run / "logs").rglob("stdout.log"))
     assert rank_logs == ["0", "1"]
-    assert list((run / "tb").rglob("events.out.tfevents.*"))
+    events = list((run / "tb").rglob("events.out.tfevents.*"))
+    assert events
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(events[0].parent))
+    acc.Reload()
+    val = [e.value for e in acc.Scalars("validation_metrics/loss")]  # the validator's loss reaches TensorBoard
+    assert len(val) == 3 and val[-1] < val[0]
 
 
 def test_existing_run_directory_is_never_overwritten(trained):

@@ -16,7 +16,7 @@ from qwen3exp.config import schema
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 ROOT_SECTIONS = {"training": schema.Training, "metrics": schema.Metrics, "parallelism": schema.Parallelism,
-                 "kernels": schema.Kernels}
+                 "kernels": schema.Kernels, "validation": schema.Validation, "sweep": schema.Sweep}
 
 
 def _variants(annotation) -> list[type[BaseModel]]:

@@ -145,16 +145,21 @@ def test_report_table_has_a_row_per_run_and_the_varied_keys(sweep):
     rows = list(csv.DictReader(io.StringIO(r.stdout)))
     assert len(rows) == 4
     assert list(rows[0])[:3] == ["run", "training.lr", "training.seed"]
-    assert list(rows[0])[3:] == ["status", "steps", "final loss", "tokens/s", "peak mem GiB", "wall s"]
+    assert list(rows[0])[3:] == ["status", "steps", "final loss", "val loss", "tokens/s", "peak mem GiB", "wall s"]
     assert {(row["training.lr"], row["training.seed"]) for row in rows} == set(POINTS)
     for row in rows:
         run = d / row["run"]
         assert row["status"] == "completed" and row["steps"] == "5"
         assert float(row["final loss"]) == read_metrics(run)[-1]["loss"]
+        assert float(row["val loss"]) == read_summary(run)["val_loss"]
         assert float(row["tokens/s"]) > 0 and float(row["peak mem GiB"]) > 0 and float(row["wall s"]) > 0
+    # Ranked by the objective (the validation loss, minimized), best first.
+    assert [float(row["val loss"]) for row in rows] == sorted(float(row["val loss"]) for row in rows)
     md = run_cli(str(d), "--format", "markdown", "--no-files", module="qwen3exp.analysis.report").stdout
     assert md.count("| experiment=tiny_sweep,training.lr=") == 4
-    assert (d / "report.md").read_text().count("\n") == 6 and (d / "report.csv").exists()
+    report_md = (d / "report.md").read_text()
+    assert report_md.count("\n") == 8 and (d / "report.csv").exists()  # header, rule, 4 rows, blank, ranking
+    assert "Ranked by val_loss (minimized), best first. Best by val_loss" in report_md
     assert "4 loss curve(s)" in r.stderr
 
 
@@ -167,11 +172,15 @@ def test_loss_plot_has_one_curve_per_run(sweep, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     runs = [report.load_run(p) for p in rundir.find_runs(d)]
     fig = report.plot_losses(report.table(runs, root=d), tmp_path / "loss.png")
-    lines = fig.axes[0].get_lines()
-    assert len(lines) == 4
+    lines = [line for line in fig.axes[0].get_lines() if not line.get_label().endswith("(validation)")]
+    dashed = [line for line in fig.axes[0].get_lines() if line.get_label().endswith("(validation)")]
+    assert len(lines) == 4 and len(dashed) == 4
     assert sorted(line.get_label() for line in lines) == sorted(f"lr={lr} seed={s}" for lr, s in POINTS)
-    for run, line in zip(runs, lines, strict=True):
+    ranked = report.table(runs, root=d).runs  # the curves follow the table's (ranked) order
+    for run, line, val in zip(ranked, lines, dashed, strict=True):
         assert list(line.get_ydata()) == [m["loss"] for m in run.metrics]
+        assert list(val.get_ydata()) == [m["val_loss"] for m in run.validation]
+        assert val.get_linestyle() == "--" and val.get_color() == line.get_color()
     # The PNG written by the report holds 4 differently coloured curves (matplotlib's first 4 colours).
     import matplotlib.image
 
@@ -279,7 +288,7 @@ def test_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert read_summary(done)["status"] == "completed" and read_summary(done)["steps_completed"] == 2
     tail = r.stdout.split("qwen3exp sweep finished:")[1]
     assert "1 failed, 1 completed" in tail.splitlines()[0]
-    assert f"#1 {failed}: rank" in tail
+    assert f"#2 {failed}: rank" in tail  # ranked: the completed run first
     assert "resume (runs only the 1 unfinished job(s))" in tail
     assert len(list(done.glob("tb/*/wandb/offline-run-*"))) == 1
     assert len(list(done.glob("tb/*/events.out.tfevents.*"))) == 1

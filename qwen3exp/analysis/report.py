@@ -1,10 +1,12 @@
 """`python -m qwen3exp.analysis.report PATH`: what a run, a sweep or a folder of runs did.
 
 One row per run: the keys that differ between the runs' resolved experiments (the "varied keys"),
-then status, steps, final loss, tokens/s, peak memory and wall time. Printed as a terminal table
-(default), Markdown or CSV (`--format`); `report.md`, `report.csv` and `loss.png` (loss against step,
-one curve per run) are written next to the runs (PATH, or `--out DIR`; `--no-files` writes nothing).
-Exit code 2 when PATH holds no run.
+then status, steps, final loss, validation loss, tokens/s, peak memory and wall time. Runs that
+recorded an objective (`sweep.objective`, in summary.json) are ranked by it, best first, and the
+best is named with the command that reruns it. Printed as a terminal table (default), Markdown or
+CSV (`--format`); `report.md`, `report.csv` and `loss.png` (training loss against step, solid, and
+validation loss, dashed, one colour per run) are written next to the runs (PATH, or `--out DIR`;
+`--no-files` writes nothing). Exit code 2 when PATH holds no run.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import statistics
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,10 +22,10 @@ from typing import Any
 
 from qwen3exp.analysis.diff import show
 from qwen3exp.errors import EXIT_CONFIG_ERROR
-from qwen3exp.run import rundir
+from qwen3exp.run import objective, rundir
 
 REPORT_MD, REPORT_CSV, LOSS_PNG = "report.md", "report.csv", "loss.png"
-METRIC_COLUMNS = ("status", "steps", "final loss", "tokens/s", "peak mem GiB", "wall s")
+METRIC_COLUMNS = ("status", "steps", "final loss", "val loss", "tokens/s", "peak mem GiB", "wall s")
 
 
 @dataclass
@@ -33,6 +35,8 @@ class Run:
     """The resolved experiment (plain, nested)."""
     summary: dict | None
     metrics: list[dict] = field(default_factory=list)
+    validation: list[dict] = field(default_factory=list)
+    """The validation rows of metrics.jsonl (step, val_loss, val_perplexity)."""
 
     @property
     def status(self) -> str:
@@ -53,11 +57,27 @@ class Run:
         return self.summary.get("last_loss") if self.summary else None
 
     @property
+    def val_loss(self) -> float | None:
+        if self.validation:
+            return self.validation[-1].get("val_loss")
+        return self.summary.get("val_loss") if self.summary else None
+
+    @property
     def tokens_per_second(self) -> float | None:
         """Mean over the logged steps after the first (the first pays for warm-up)."""
-        values = [m["tokens_per_second"] for m in self.metrics[1:] or self.metrics
-                  if m.get("tokens_per_second") is not None]
-        return statistics.fmean(values) if values else None
+        return objective.mean_tokens_per_second(self.metrics)
+
+    @property
+    def objective(self) -> tuple[str, str] | None:
+        """(metric, direction) the run recorded (`sweep.objective`), if any."""
+        obj = self.summary.get("objective") if self.summary else None
+        if isinstance(obj, dict) and obj.get("metric") and obj.get("direction") in ("minimize", "maximize"):
+            return str(obj["metric"]), str(obj["direction"])
+        return None
+
+    @property
+    def objective_value(self) -> float | None:
+        return objective.of_summary(self.summary)
 
     @property
     def peak_memory_gib(self) -> float | None:
@@ -73,7 +93,8 @@ def load_run(path: Path, *, experiment: dict | None = None) -> Run:
     path = Path(path)
     summary = rundir.read_json(path / rundir.SUMMARY)
     return Run(path, experiment if experiment is not None else rundir.read_experiment(path) or {},
-               summary if isinstance(summary, dict) else None, rundir.read_metrics(path))
+               summary if isinstance(summary, dict) else None, rundir.read_metrics(path),
+               rundir.read_validation(path))
 
 
 def varied_keys(runs: list[Run]) -> list[str]:
@@ -91,18 +112,51 @@ class Table:
     """Raw values (numbers, strings, None)."""
     runs: list[Run]
     varied: list[str]
+    objective: tuple[str, str] | None = None
+    """(metric, direction) the rows are ranked by (best first); None: in the given order."""
+
+    @property
+    def best(self) -> Run | None:
+        """The best run by the objective (None: no run has a value)."""
+        if self.objective is None or not self.runs or self.runs[0].objective_value is None:
+            return None
+        return self.runs[0]
+
+
+def ranking(runs: list[Run]) -> tuple[str, str] | None:
+    """The objective the runs share (they rank by it only when every run that recorded one recorded
+    the same metric and direction)."""
+    found = {r.objective for r in runs if r.objective is not None}
+    return found.pop() if len(found) == 1 else None
 
 
 def table(runs: list[Run], *, root: Path | None = None, status: dict[Path, str] | None = None) -> Table:
-    """The report table; `status` replaces the recorded status of some runs (e.g. skipped)."""
+    """The report table; `status` replaces the recorded status of some runs (e.g. skipped). Ranked
+    by the runs' objective, best first, runs without a value last (stable: ties keep their order)."""
     varied = varied_keys(runs) if len(runs) > 1 else []
     status = status or {}
+    rank = ranking(runs) if len(runs) > 1 else None
+    if rank is not None:
+        key = objective.better(rank[1])
+        runs = sorted(runs, key=lambda r: key(r.objective_value))
     rows = []
     for r in runs:
         flat = rundir.flatten(r.experiment)
         rows.append([_label(r.path, root), *(flat.get(k) for k in varied), status.get(r.path, r.status),
-                     r.steps, r.final_loss, r.tokens_per_second, r.peak_memory_gib, r.wall_seconds])
-    return Table(["run", *varied, *METRIC_COLUMNS], rows, runs, varied)
+                     r.steps, r.final_loss, r.val_loss, r.tokens_per_second, r.peak_memory_gib, r.wall_seconds])
+    return Table(["run", *varied, *METRIC_COLUMNS], rows, runs, varied, rank)
+
+
+def best_line(t: Table) -> str | None:
+    """`best: ... (val_loss 5.8123, minimized); rerun it: qwen3exp relaunch RUN` or None."""
+    best = t.best
+    if best is None or t.objective is None:
+        return None
+    flat = rundir.flatten(best.experiment)
+    point = " ".join(f"{k}={show(flat.get(k))}" for k in t.varied) or str(best.path)
+    metric, direction = t.objective
+    return (f"best by {metric} ({direction}d): {point}  {metric} {best.objective_value:.6g}\n"
+            f"  rerun it: qwen3exp relaunch {shlex.quote(str(best.path))}")
 
 
 def _label(path: Path, root: Path | None) -> str:
@@ -116,7 +170,8 @@ def _label(path: Path, root: Path | None) -> str:
     return Path(path).name
 
 
-_FORMATS = {"final loss": "{:.4f}", "tokens/s": "{:,.0f}", "peak mem GiB": "{:.2f}", "wall s": "{:.1f}"}
+_FORMATS = {"final loss": "{:.4f}", "val loss": "{:.4f}", "tokens/s": "{:,.0f}", "peak mem GiB": "{:.2f}",
+            "wall s": "{:.1f}"}
 
 
 def _cell(column: str, value: Any) -> str:
@@ -205,11 +260,16 @@ def plot_losses(t: Table, path: Path):
         if not points:
             continue
         steps, losses = zip(*points, strict=True)
-        ax.plot(steps, losses, label=label, marker="o" if len(points) <= 20 else None, markersize=3)
+        (line,) = ax.plot(steps, losses, label=label, marker="o" if len(points) <= 20 else None, markersize=3)
+        val = [(m["step"], m["val_loss"]) for m in run.validation if m.get("val_loss") is not None]
+        if val:
+            vs, vl = zip(*val, strict=True)
+            ax.plot(vs, vl, linestyle="--", marker="s", markersize=3, color=line.get_color(),
+                    label=f"{label} (validation)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    ax.set_title("loss" + (f" by {', '.join(t.varied)}" if t.varied else ""), fontsize=10)
+    ax.set_title("loss (dashed: validation)" + (f" by {', '.join(t.varied)}" if t.varied else ""), fontsize=10)
     ax.grid(alpha=0.3)
     if ax.get_lines():
         ax.legend(fontsize=7 if len(ax.get_lines()) > 6 else 9, ncol=1 + len(ax.get_lines()) // 12)
@@ -221,7 +281,12 @@ def write_files(runs: list[Run], out_dir: Path, *, root: Path | None = None,
                 status: dict[Path, str] | None = None) -> list[Path]:
     t = table(runs, root=root, status=status)
     out_dir = Path(out_dir)
-    rundir.atomic_write_text(out_dir / REPORT_MD, render_markdown(t) + "\n")
+    best = best_line(t)
+    note = f"\n\nRanked by {t.objective[0]} ({t.objective[1]}d), best first. " if t.objective else ""
+    if best is not None:
+        head, rerun = best.split("\n", 1)
+        note += f"{head[0].upper()}{head[1:]}; {rerun.strip()}"
+    rundir.atomic_write_text(out_dir / REPORT_MD, render_markdown(t) + note.rstrip() + "\n")
     rundir.atomic_write_text(out_dir / REPORT_CSV, render_csv(t))
     plot_losses(t, out_dir / LOSS_PNG)
     return [out_dir / REPORT_MD, out_dir / REPORT_CSV, out_dir / LOSS_PNG]
@@ -245,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     match args.format:
         case "terminal":
             print(render_terminal(t))
+            if (line := best_line(t)) is not None:
+                print(line)
         case "markdown":
             print(render_markdown(t))
         case "csv":

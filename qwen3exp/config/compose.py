@@ -16,6 +16,7 @@ batch before any job of it starts: `qwen3exp.launchers.batch`).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ GROUPS = ("model", "parallelism", "kernels", "checkpoint", "platform", "data", "
 LAUNCHER_TARGET = "hydra_plugins.qwen3exp_launcher.launcher.Qwen3expLauncher"
 """qwen3exp's Hydra launcher (conf: hydra/launcher=qwen3exp): it checks every batch of jobs."""
 LAUNCHER_OVERRIDE = "hydra/launcher=qwen3exp"
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+"""Hydra's default sweeper, by the name its config gives (a string: nothing of Hydra's internals is imported)."""
 
 # Hydra's flags, by what qwen3exp does with them. Everything else that starts with '-' is refused
 # (exit 2): a flag passed through to Hydra unchecked could start a run that no check has seen.
@@ -361,40 +364,95 @@ class Master:
     output_dir: str
     """The run directory (multirun: the sweep directory), resolved once."""
     sweeps: list[str] = field(default_factory=list)
-    """The sweep overrides as typed."""
+    """The sweep overrides: hydra.sweeper.params (from the config) first, then the command line's."""
+    sweeper: str = BASIC_SWEEPER
+    """hydra.sweeper._target_ of the composed config."""
+    extra: list[str] = field(default_factory=list)
+    """Overrides the command line adds when it runs Hydra (a single run: the basic sweeper, no params)."""
+
+    @property
+    def adaptive(self) -> bool:
+        """A sweeper that chooses its points as it goes (Optuna): nobody knows them before it runs."""
+        return self.multirun and self.sweeper != BASIC_SWEEPER
+
+
+SEARCH_ONLY = "interval() and tag() describe a search space for an adaptive sweeper"
+
+
+def sweeper_params(cfg) -> list[str]:
+    """`hydra.sweeper.params` of a composed config as overrides (`key=value`), the way Hydra's
+    sweepers read them (the command line's own sweep overrides come after these and win)."""
+    from omegaconf import OmegaConf
+
+    params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None, throw_on_resolution_failure=False)
+    if not OmegaConf.is_dict(params):
+        return []
+    return [f"{k}={v}" for k, v in params.items()]
+
+
+def representative_values(ov) -> list[str]:
+    """Values of a sweep override a check can compose: a list / range() / choice() / glob() gives
+    all of them, interval() its two ends (tag() unwrapped)."""
+    values = sweep_values(ov)
+    if values is not None:
+        return values
+    v = ov.value()
+    start, end = getattr(v, "start", None), getattr(v, "end", None)
+    return [str(x) for x in (start, end) if x is not None]
 
 
 def precheck(inv: Invocation) -> Master:
     """Compose the run (a sweep: its common part, and each option of a swept config group) through
-    Hydra's compose API and report every mistake as Problems (raises ConfigError)."""
+    Hydra's compose API and report every mistake as Problems (raises ConfigError). A sweep's points
+    come from the command line and from `hydra.sweeper.params` in the config files, as for Hydra's
+    sweepers."""
     from omegaconf import OmegaConf
 
-    parsed = parse_overrides(inv.overrides)
-    sweeps = [o for o in parsed if o.is_sweep_override()]
     multirun_asked = inv.multirun
     with Composer(inv.config_dir, inv.config_name) as c:
+        # glob() lists a config group's options: the parser needs Hydra's config loader for it.
+        parsed = parse_overrides(inv.overrides, config_loader=c.loader)
+        cli_sweeps = [o for o in parsed if o.is_sweep_override()]
         fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-        firsts = []
-        for o in sweeps:
-            values = sweep_values(o)
-            if values:
-                firsts.append(_with_value(o, values[0]))
-        variants = [fixed + firsts]
-        for o in sweeps:
-            values = sweep_values(o) or []
-            if o.key_or_group.split("@")[0] in GROUPS:
-                for v in values[1:]:
-                    variants.append(fixed + [f if f.split("=", 1)[0] != o.input_line.split("=", 1)[0]
-                                             else _with_value(o, v) for f in firsts])
-        cfg, errors = None, []
-        for variant in variants:
-            try:
-                composed = c.compose(variant)
-            except ConfigError as e:
-                errors.append(e)
-                continue
-            cfg = cfg if cfg is not None else composed
-        if errors or cfg is None:
+        base = fixed + [_with_value(o, representative_values(o)[0]) for o in cli_sweeps
+                        if representative_values(o)]
+        try:
+            cfg0 = c.compose(base)
+        except ConfigError as e:
+            raise ConfigError.several([e, *_group_variant_errors(c, fixed, cli_sweeps)]) from None
+        sweeper = str(OmegaConf.select(cfg0, "hydra.sweeper._target_", default=BASIC_SWEEPER))
+        multirun = multirun_asked or str(OmegaConf.select(cfg0, "hydra.mode")) == "RunMode.MULTIRUN"
+        extra: list[str] = []
+        params = sweeper_params(cfg0)
+        if not multirun:
+            if cli_sweeps:
+                raise ConfigError([Problem("(command line)", " ".join(o.input_line for o in cli_sweeps),
+                                           "is a sweep, but the command is a single run",
+                                           "add -m (--multirun) to run the sweep, or give one value per key")])
+            # As with Hydra: a single run is one job, whatever sweeper and params the config names.
+            if sweeper != BASIC_SWEEPER:
+                extra.append("hydra/sweeper=basic")
+            if params:
+                extra.append("hydra.sweeper.params=null")
+                print(f"note: hydra.sweeper.params ({', '.join(p.split('=', 1)[0] for p in params)}) is a sweep; "
+                      "this single run ignores it (add -m to sweep)", file=sys.stderr)
+            params = []
+        cli_keys = {o.key_or_group for o in cli_sweeps} | {o.key_or_group for o in parsed}
+        file_sweeps = [o for o in parse_overrides(params, config_loader=c.loader) if o.key_or_group not in cli_keys]
+        sweeps = [*file_sweeps, *cli_sweeps]
+        if sweeper == BASIC_SWEEPER and (search := [o for o in sweeps if sweep_values(o) is None]):
+            raise ConfigError([Problem(o.key_or_group, o.input_line.split("=", 1)[1],
+                                       f"{SEARCH_ONLY}; Hydra's basic sweeper (the default) cannot expand it",
+                                       "a list (a,b,c), range(), choice() or glob(); or an adaptive sweeper: "
+                                       "hydra/sweeper=optuna (pip install 'qwen3exp[optuna]')",
+                                       source="hydra.sweeper.params" if o in file_sweeps else "command line")
+                                for o in search])
+        all_fixed = fixed + [o.input_line for o in file_sweeps if not o.is_sweep_override()]
+        swept = [o for o in sweeps if o.is_sweep_override()]
+        cfg = c.compose(all_fixed + [_with_value(o, representative_values(o)[0]) for o in swept
+                                     if representative_values(o)])
+        errors = _group_variant_errors(c, all_fixed, swept)
+        if errors:
             raise ConfigError.several(errors)
         problems = shadowed(cfg) + hydra_plugin_problems(cfg)
         if problems:
@@ -402,11 +460,6 @@ def precheck(inv: Invocation) -> Master:
         from hydra.core.hydra_config import HydraConfig
         from omegaconf.errors import OmegaConfBaseException
 
-        multirun = multirun_asked or str(OmegaConf.select(cfg, "hydra.mode")) == "RunMode.MULTIRUN"
-        if sweeps and not multirun:
-            raise ConfigError([Problem("(command line)", " ".join(o.input_line for o in sweeps),
-                                       "is a sweep, but the command is a single run",
-                                       "add -m (--multirun) to run the sweep, or give one value per key")])
         data, _ = experiment_data(cfg)  # an interpolation that does not resolve, named by its key
         if not multirun:  # the run directory is named from these values: check them before claiming it
             from qwen3exp.config.schema import check_experiment
@@ -418,7 +471,26 @@ def precheck(inv: Invocation) -> Master:
             output_dir = str(OmegaConf.select(cfg, "hydra.sweep.dir" if multirun else "hydra.run.dir"))
         except OmegaConfBaseException as e:
             raise ConfigError([omegaconf_problem(e)]) from None
-    return Master(cfg, multirun, output_dir, [o.input_line for o in sweeps])
+    return Master(cfg, multirun, output_dir, [o.input_line for o in swept], sweeper, extra)
+
+
+def _group_variant_errors(c: Composer, fixed: list[str], sweeps: list) -> list[ConfigError]:
+    """Compose once per further option of each swept config group (the others at their first
+    value): a group option brings its own files and keys, so each is checked here."""
+    firsts = {o.input_line.split("=", 1)[0]: _with_value(o, vs[0])
+              for o in sweeps if (vs := representative_values(o))}
+    errors = []
+    for o in sweeps:
+        if o.key_or_group.split("@")[0] not in GROUPS:
+            continue
+        key = o.input_line.split("=", 1)[0]
+        for v in representative_values(o)[1:]:
+            variant = fixed + [f if k != key else _with_value(o, v) for k, f in firsts.items()]
+            try:
+                c.compose(variant)
+            except ConfigError as e:
+                errors.append(e)
+    return errors
 
 
 def composition_problems(e: Exception, overrides: list[str], base) -> list[Problem]:
@@ -502,8 +574,6 @@ def compose_experiment(overrides: list[str], *, config_dir: Path = CONF_DIR, con
     return validate_experiment(data)
 
 
-BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
-"""Hydra's default sweeper, by the name its config gives (a string: nothing of Hydra's internals is imported)."""
 
 
 def hydra_plugin_problems(cfg) -> list[Problem]:

@@ -43,8 +43,13 @@ class NativeModel(_Strict):
     `hf_assets_path/config.json`. With an explicit flavor and a folder holding config.json, the two
     must describe the same architecture (checked before launch, every differing key named)."""
     hf_assets_path: str | None = None
-    """Folder with tokenizer files (and config.json / safetensors for checkpoints). None: the folder
-    bundled with qwen3exp (tokenizer, vocab 2048, and the config.json of the `tiny` flavor)."""
+    """Model reference (tokenizer files, and config.json / safetensors for checkpoints): a local
+    folder, or a Hugging Face Hub id `org/name[@revision]` resolved offline from the local Hugging
+    Face cache. None: the folder bundled with qwen3exp (tokenizer, vocab 2048, and the config.json
+    of the `tiny` flavor)."""
+    revision: str | None = None
+    """Revision (branch, tag or commit) of a Hub id in hf_assets_path that has no `@revision` of its
+    own. None: the cache's `main`."""
     attention: Literal["auto", "sdpa", "flex"] = "auto"
     """Attention kernel. auto: the platform's choice (flex on CUDA, sdpa on CPU and Neuron)."""
     n_layers: PosInt | None = None
@@ -77,11 +82,16 @@ class HFModel(_Strict):
 
     backend: Literal["hf"] = "hf"
     hf_assets_path: str | None = None
-    """Folder with config.json, tokenizer files and (for hf_load) safetensors. None: the folder
-    bundled with qwen3exp (a `tiny`-sized Qwen3 config.json and the vocab-2048 tokenizer)."""
+    """Model reference with tokenizer files, config.json and (for hf_load) safetensors: a local
+    folder, or a Hugging Face Hub id `org/name[@revision]` resolved offline from the local Hugging
+    Face cache. None: hf_model when it is set (the model's own tokenizer), else the folder bundled
+    with qwen3exp (a `tiny`-sized Qwen3 config.json and the vocab-2048 tokenizer)."""
     hf_model: str | None = None
-    """Where AutoConfig reads the architecture: a local folder or a Hub id present in the local
-    Hugging Face cache (nothing is downloaded). None: hf_assets_path."""
+    """Model reference AutoConfig reads the architecture from: a local folder or a Hub id
+    `org/name[@revision]` in the local Hugging Face cache (nothing is downloaded). None: hf_assets_path."""
+    revision: str | None = None
+    """Revision (branch, tag or commit) of the Hub ids in hf_model / hf_assets_path that have no
+    `@revision` of their own. None: the cache's `main`."""
     attention: Literal["auto", "sdpa", "flex"] = "auto"
     """Attention kernel. auto: the platform's choice (flex on CUDA, sdpa on CPU and Neuron)."""
 
@@ -247,7 +257,10 @@ class HFLoad(_CheckpointKind):
     kind: Literal["hf_load"] = "hf_load"
     loads_weights: ClassVar[bool] = True
     path: str | None = None
-    """Folder with the safetensors (and model.safetensors.index.json when sharded). None: model.hf_assets_path."""
+    """Model reference with the safetensors (and model.safetensors.index.json when sharded): a local
+    folder or a Hub id `org/name[@revision]` in the local Hugging Face cache. None: model.hf_assets_path."""
+    revision: str | None = None
+    """Revision of a Hub id in `path` that has no `@revision` of its own. None: the cache's `main`."""
 
 
 class HFExport(_CheckpointKind):
@@ -259,6 +272,9 @@ class HFExport(_CheckpointKind):
     exports: ClassVar[bool] = True
     dtype: ExportDtype = "bfloat16"
     """dtype of the exported weights."""
+    max_shard_mb: PosInt = 5000
+    """Exported safetensors are split into files of at most this many megabytes (10^6 bytes), with
+    model.safetensors.index.json, unless the source checkpoint's own index decides the split."""
 
 
 class HFRoundtrip(_CheckpointKind):
@@ -269,9 +285,15 @@ class HFRoundtrip(_CheckpointKind):
     loads_weights: ClassVar[bool] = True
     exports: ClassVar[bool] = True
     path: str | None = None
-    """Folder with the safetensors to load. None: model.hf_assets_path."""
+    """Model reference with the safetensors to load: a local folder or a Hub id `org/name[@revision]`
+    in the local Hugging Face cache. None: model.hf_assets_path."""
+    revision: str | None = None
+    """Revision of a Hub id in `path` that has no `@revision` of its own. None: the cache's `main`."""
     dtype: ExportDtype = "bfloat16"
     """dtype of the exported weights."""
+    max_shard_mb: PosInt = 5000
+    """Exported safetensors are split into files of at most this many megabytes (10^6 bytes), with
+    model.safetensors.index.json, unless the source checkpoint's own index decides the split."""
 
 
 Checkpoint = Annotated[NoCheckpoint | DcpCheckpoint | HFLoad | HFExport | HFRoundtrip,
@@ -412,6 +434,47 @@ class LocalData(_Strict):
 Data = Annotated[BundledData | LocalData, Field(discriminator="source")]
 
 
+# ---------------------------------------------------------------------------------- validation
+class Validation(_Strict):
+    """A held-out loss, measured by torchtitan's validator on documents no training step reads."""
+
+    enable: bool = True
+    freq: PosInt = 10
+    """Validate at step 1, every `freq` steps and at the last step."""
+    steps: PosInt = 2
+    """Batches per validation (local_batch_size x seq_len tokens per data-parallel rank each)."""
+    fraction: Annotated[float, Field(gt=0, lt=1)] = 0.1
+    """Without `path`: the share of the training documents held out, the same ones every run
+    (ranked by a fixed hash of their position); training never reads them."""
+    path: str | None = None
+    """A separate validation file or folder (the formats of data.path); training then reads all of
+    its own documents."""
+
+    @property
+    def held_out(self) -> float | None:
+        """The fraction of the training data held out (None: a separate path, or no validation)."""
+        return self.fraction if self.enable and self.path is None else None
+
+
+# --------------------------------------------------------------------------------------- sweep
+OBJECTIVES: dict[str, str] = {
+    "val_loss": "minimize",
+    "last_loss": "minimize",
+    "tokens_per_second": "maximize",
+}
+"""What a job can return to a sweeper (from its summary.json), with the direction that is better."""
+
+
+class Sweep(_Strict):
+    objective: Literal["val_loss", "last_loss", "tokens_per_second"] | None = None
+    """What each job returns to Hydra's sweeper (Optuna optimizes it; the end table ranks by it):
+    val_loss (the last validation loss) and last_loss are minimized, tokens_per_second maximized.
+    None: val_loss when validation is on, else last_loss."""
+    parallel_jobs: PosInt = 1
+    """Local jobs of one batch run at once (above 1: through hydra-joblib-launcher, after every job
+    of the batch was checked); each job starts its own launcher.nproc_per_node ranks."""
+
+
 # ------------------------------------------------------------------------------------ launcher
 class LocalLauncher(_Strict):
     """torchrun on this machine; with nnodes > 1, one such launcher per node."""
@@ -429,6 +492,9 @@ class LocalLauncher(_Strict):
     """torchrun restarts of all ranks after a rank fails."""
     stop_timeout_s: Annotated[float, Field(gt=0)] = 5.0
     """After Ctrl-C/SIGTERM, seconds to wait for the ranks before killing them."""
+    rdzv_timeout_s: PosInt = 300
+    """Seconds a torchrun agent waits for the c10d rendezvous (the endpoint to answer, the other
+    nodes to join) before the launch fails naming the endpoint."""
 
     @model_validator(mode="after")
     def _multinode(self) -> LocalLauncher:
@@ -485,12 +551,29 @@ class SlurmLauncher(_Strict):
     """torchrun restarts of all ranks after a rank fails."""
     stop_timeout_s: Annotated[float, Field(gt=0)] = 5.0
     """After scancel/SIGTERM, seconds to wait for the ranks before killing them."""
+    rdzv_timeout_s: PosInt = 300
+    """Seconds a torchrun agent waits for the c10d rendezvous before the job fails naming it."""
+    signal_delay_s: PosInt = 120
+    """SLURM's pre-timeout signal (sbatch --signal=USR2@S, submitit's) comes this many seconds
+    before the time limit: with checkpoint=dcp the ranks then save a checkpoint and stop."""
+    requeue: bool = False
+    """At the pre-timeout signal, after the checkpoint, requeue the job (same job id, same run
+    directory); the requeued job resumes from that checkpoint. Needs checkpoint=dcp."""
+    max_requeues: NonNegInt = 3
+    """How many times a job may requeue itself (submitit's max_num_timeout)."""
 
     @model_validator(mode="after")
     def _agents(self) -> SlurmLauncher:
         if self.srun is False and self.nnodes > 1:
             raise ValueError(_tagged("srun", False, f"nnodes={self.nnodes} needs srun to start one agent per node",
                                      "null or true"))
+        if self.srun is False and self.requeue:
+            raise ValueError(_tagged("srun", False, "requeue=true needs srun: SLURM sends its pre-timeout signal "
+                                     "to job steps only, not to the batch script's processes", "null or true"))
+        if self.signal_delay_s >= self.time_limit_min * 60:
+            raise ValueError(_tagged("signal_delay_s", self.signal_delay_s,
+                                     f"must be below the time limit ({self.time_limit_min} min = "
+                                     f"{self.time_limit_min * 60} s)", f"1..{self.time_limit_min * 60 - 1}"))
         return self
 
 
@@ -525,6 +608,14 @@ class Experiment(_Strict):
     data: Data = BundledData()
     launcher: Launcher = LocalLauncher()
     metrics: Metrics = Metrics()
+    validation: Validation = Validation()
+    sweep: Sweep = Sweep()
+
+    @property
+    def objective(self) -> tuple[str, str]:
+        """(metric, direction) each job returns to the sweeper (`sweep.objective`, resolved)."""
+        metric = self.sweep.objective or ("val_loss" if self.validation.enable else "last_loss")
+        return metric, OBJECTIVES[metric]
 
     @model_validator(mode="after")
     def _name(self) -> Experiment:
@@ -536,6 +627,13 @@ class Experiment(_Strict):
                                                                            if len(self.name) > NAME_MAX else ""),
                                      f"a single folder name: letters, digits and . _ = , + -, at most {NAME_MAX} "
                                      "characters, not . or .."))
+        return self
+
+    @model_validator(mode="after")
+    def _objective(self) -> Experiment:
+        if self.sweep.objective == "val_loss" and not self.validation.enable:
+            raise ValueError(_tagged("sweep.objective", "val_loss", "needs a validation loss, and validation.enable "
+                                     "is false", "last_loss or tokens_per_second, or validation.enable=true"))
         return self
 
     @model_validator(mode="after")

@@ -15,7 +15,8 @@ is the run directory), so a run, a grid of the basic sweeper and the rounds of a
 4. each job runs here through Hydra's `run_job` with the plan already made (`run_point`), or, with
    `launcher=slurm`, as a SLURM job through hydra-submitit-launcher, whose job process runs `task`.
 
-Each job hands its summary back as Hydra's `JobReturn.return_value`.
+Each job hands its objective (`sweep.objective`, from its summary.json) back to the sweeper as
+Hydra's `JobReturn.return_value` (`_for_sweeper`).
 """
 
 from __future__ import annotations
@@ -220,6 +221,16 @@ def slurm_points(points: Sequence[Point]) -> bool:
     return True
 
 
+def parallel_jobs(points: Sequence[Point]) -> int:
+    """`sweep.parallel_jobs` of the batch (one value for every point: the batch runs through one
+    joblib pool)."""
+    values = {p.exp.sweep.parallel_jobs for p in points}
+    if len(values) > 1:
+        raise ConfigError([Problem("sweep.parallel_jobs", sorted(values), "differs between sweep points",
+                                   "one value for the whole sweep", "set it outside the swept keys")])
+    return values.pop() if values else 1
+
+
 def _refuse(e: ConfigError) -> None:
     print(e.render(), file=sys.stderr, flush=True)
     raise SystemExit(EXIT_CONFIG_ERROR)
@@ -232,7 +243,7 @@ def launch(config, hydra_context, task_function, job_overrides: Sequence[Sequenc
     from hydra.core.utils import configure_log, setup_globals
     from omegaconf import OmegaConf, open_dict
 
-    from qwen3exp.config.compose import composition_problems, register_resolvers
+    from qwen3exp.config.compose import BASIC_SWEEPER, composition_problems, register_resolvers
     from qwen3exp.run import identity
 
     setup_globals()
@@ -264,6 +275,7 @@ def launch(config, hydra_context, task_function, job_overrides: Sequence[Sequenc
         _refuse(ConfigError.several(errors))
     try:
         slurm = slurm_points(points)
+        parallel_jobs(points)
         if single:
             jobs = [sweep.Job(initial_job_idx, points[0].overrides, Path(points[0].run_dir),
                               identity.recorded_data(points[0].exp), sweep.NEW)]
@@ -286,15 +298,52 @@ def launch(config, hydra_context, task_function, job_overrides: Sequence[Sequenc
         return [_job_return(cfg, {"status": "planned", "run_dir": p.run_dir})
                 for cfg, p in zip(cfgs, points, strict=True)]
     if slurm:
-        return _submit(config, hydra_context, task_function, points, jobs, cfgs)
-    returns = []
-    for cfg, point, job in zip(cfgs, points, jobs, strict=True):
-        if job.state == sweep.DONE:
-            print(f"qwen3exp: skipped (completed earlier, same experiment): {point.run_dir}", flush=True)
-            returns.append(_job_return(cfg, {"status": "completed", "skipped": True, "run_dir": point.run_dir}))
-            continue
-        returns.append(_run_job(hydra_context, cfg, functools.partial(run_point, point)))
-    return returns
+        returns = _submit(config, hydra_context, task_function, points, jobs, cfgs)
+    elif (parallel := parallel_jobs(points)) > 1:
+        returns = _in_parallel(config, hydra_context, task_function, points, jobs, cfgs, parallel)
+    else:
+        returns = []
+        for cfg, point, job in zip(cfgs, points, jobs, strict=True):
+            if job.state == sweep.DONE:
+                print(f"qwen3exp: skipped (completed earlier, same experiment): {point.run_dir}", flush=True)
+                returns.append(_job_return(cfg, {"status": "completed", "skipped": True, "run_dir": point.run_dir}))
+                continue
+            returns.append(_run_job(hydra_context, cfg, functools.partial(run_point, point)))
+    basic = OmegaConf.select(config, "hydra.sweeper._target_", default=None) in (None, BASIC_SWEEPER)
+    return [_for_sweeper(ret, Path(p.run_dir), basic=basic) for ret, p in zip(returns, points, strict=True)]
+
+
+class TrialFailed(RuntimeError):
+    """A job that ended without an objective value (it failed, was stopped, or measured nothing), as
+    the failure Hydra's sweepers expect: `JobReturn.status` FAILED, this as its value."""
+
+
+def _for_sweeper(ret, run_dir: Path, *, basic: bool):
+    """What the sweeper gets back for a job: its objective value (`sweep.objective`, recorded in
+    summary.json), read from the job's folder (so it is the same for a job run here, a SLURM job and
+    a job skipped because it completed earlier).
+
+    A job without a value: an adaptive sweeper (Optuna, ...) gets Hydra's failed-job return, so it
+    records a failed trial and applies its own failure policy (Optuna: hydra.sweeper.max_failure_rate).
+    Hydra's basic sweeper would end the sweep at the first failed job; a grid runs every point and
+    the end table reports the failures, so there the job completes with the value None."""
+    from hydra.core.utils import JobStatus
+
+    from qwen3exp.run import objective
+
+    if ret.status != JobStatus.COMPLETED:  # the job raised (a launcher bug, already printed)
+        return ret
+    summary = rundir.read_json(run_dir / rundir.SUMMARY)
+    value = objective.of_summary(summary)
+    if value is not None or basic:
+        ret.return_value = value
+        return ret
+    status = summary.get("status") if isinstance(summary, dict) else "no summary"
+    error = summary.get("error") if isinstance(summary, dict) else None
+    metric = (summary.get("objective") or {}).get("metric", "objective") if isinstance(summary, dict) else "objective"
+    ret.status = JobStatus.FAILED
+    ret.return_value = TrialFailed(f"{run_dir}: {status}, no {metric}" + (f" ({error})" if error else ""))
+    return ret
 
 
 def _sweep_disk(jobs: list, points: list[Point], sweep_dir: Path) -> None:
@@ -336,8 +385,9 @@ def _submit(config, hydra_context, task_function, points: list[Point], jobs: lis
     if (down := slurm.controller_problem()) is not None:
         _refuse(ConfigError([down]))
     todo = [(p, j) for p, j in zip(points, jobs, strict=True) if j.state != sweep.DONE]
-    returns = [_job_return(cfg, {"status": "completed", "skipped": True, "run_dir": p.run_dir})
-               for cfg, p, j in zip(cfgs, points, jobs, strict=True) if j.state == sweep.DONE]
+    # In the batch's order (an adaptive sweeper pairs each return with its trial).
+    returns: list[Any] = [_job_return(cfg, {"status": "completed", "skipped": True, "run_dir": p.run_dir})
+                          if j.state == sweep.DONE else None for cfg, p, j in zip(cfgs, points, jobs, strict=True)]
     if not todo:
         return returns
     sweep_dir = Path(str(config.hydra.sweep.dir))
@@ -346,7 +396,36 @@ def _submit(config, hydra_context, task_function, points: list[Point], jobs: lis
           flush=True)
     inner = Submitit(**slurm.submitit_params(points[0].exp, sweep_dir))
     inner.setup(hydra_context=hydra_context, task_function=task_function, config=config)
-    return [*returns, *inner.launch([p.overrides for p, _ in todo], initial_job_idx=todo[0][1].index)]
+    submitted = iter(inner.launch([p.overrides for p, _ in todo], initial_job_idx=todo[0][1].index))
+    return [r if r is not None else next(submitted) for r in returns]
+
+
+def _in_parallel(config, hydra_context, task_function, points: list[Point], jobs: list, cfgs: list,
+                 n_jobs: int) -> list:
+    """sweep.parallel_jobs > 1: the checked jobs that are to run go to hydra-joblib-launcher's
+    JoblibLauncher (a pool of `n_jobs` processes); each job process runs `task`, which checks and
+    plans the job again and runs it like a local one."""
+    from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
+
+    todo = [(p, j) for p, j in zip(points, jobs, strict=True) if j.state != sweep.DONE]
+    returns: list[Any] = [_job_return(cfg, {"status": "completed", "skipped": True, "run_dir": p.run_dir})
+                          if j.state == sweep.DONE else None for cfg, p, j in zip(cfgs, points, jobs, strict=True)]
+    if not todo:
+        return returns
+    print(f"qwen3exp: running {len(todo)} job(s), {n_jobs} at a time (hydra-joblib-launcher)", flush=True)
+    # max_nbytes=None: nothing is memory-mapped (a job gets a few override strings), so joblib makes no
+    # temporary folder in /dev/shm that would be left for its resource tracker to report at exit.
+    inner = JoblibLauncher(n_jobs=n_jobs, prefer="processes", max_nbytes=None)
+    inner.setup(hydra_context=hydra_context, task_function=task_function, config=config)
+    try:
+        done = iter(inner.launch([p.overrides for p, _ in todo], initial_job_idx=todo[0][1].index))
+    finally:
+        # joblib keeps its worker processes for reuse (loky's idle timeout is 300 s): they would
+        # outlive the sweep, holding its terminal and pipes. Nothing reuses them: stop them now.
+        from joblib.externals.loky import get_reusable_executor
+
+        get_reusable_executor().shutdown(wait=True)
+    return [r if r is not None else next(done) for r in returns]
 
 
 # ------------------------------------------------------------------------------------ in the job
@@ -413,6 +492,10 @@ def _run(exp: Experiment, run_dir: Path, plan) -> dict:
 
         traceback.print_exc()
         summary = _record_failure(run_dir, exp, 1, f"launcher: {type(e).__name__}: {e}", time.monotonic() - started)
+    if summary.get("status") == "requeued":  # SLURM's time limit: checkpoint saved, submitit requeues
+        from qwen3exp.launchers import slurm
+
+        slurm.requeue_this_job()
     # An interrupted local run stops here (and stops a local sweep). A SLURM job returns normally
     # so that submitit records its result: the submit host reads the status from summary.json.
     if summary.get("status") == "interrupted" and not isinstance(exp.launcher, SlurmLauncher):

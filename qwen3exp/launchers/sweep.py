@@ -29,7 +29,7 @@ from pathlib import Path
 
 from qwen3exp.config.compose import quote_value
 from qwen3exp.errors import ConfigError, Problem
-from qwen3exp.run import identity, rundir
+from qwen3exp.run import claim as claim_module, identity, rundir
 
 # ------------------------------------------------------------------------------ the resume plan
 NEW, DONE, RETRY, CONFLICT = "new", "done", "retry", "conflict"
@@ -113,7 +113,7 @@ def _conflict(conflicts: list, n: int, sweep_dir: Path) -> Problem:
         f"qwen3exp diff '{run_dir}' <new run> shows every difference")
 
 
-MANIFEST = ".qwen3exp-sweep.jsonl"
+MANIFEST = claim_module.SWEEP_MANIFEST
 """The sweep directory's record of its jobs, one line per job as the launcher planned it (an
 adaptive sweeper adds a batch at a time); the command line reads it back for the end table."""
 
@@ -216,10 +216,15 @@ def set_aside(run_dir: Path) -> Path:
 
 
 # ---------------------------------------------------------------------- the end-of-sweep table
-def finish(jobs: list[Job], sweep_dir: Path, command: list[str], *, stopped: int | None) -> int:
+def finish(jobs: list[Job], sweep_dir: Path, command: list[str], *, stopped: int | None,
+           adaptive: bool = False) -> int:
     """Print the one-screen summary, write the report files next to the runs; return the exit code
-    (`stopped`: the exit code of the signal that stopped the sweep, 130 or 143)."""
+    (`stopped`: the exit code of the signal that stopped the sweep, 130 or 143). `adaptive`: the
+    sweeper chose the points and decided what a failed trial means (Optuna's max_failure_rate), so
+    the search succeeded when it ran to its end with at least one completed trial; an unfinished
+    trial is not run again (the sweeper asks for new points instead)."""
     from qwen3exp.analysis import report
+    jobs = list({j.run_dir: j for j in jobs}.values())  # a folder recorded twice: its latest record
     runs, status = [], {}
     for j in jobs:
         run = report.load_run(j.run_dir, experiment=j.experiment)
@@ -235,8 +240,11 @@ def finish(jobs: list[Job], sweep_dir: Path, command: list[str], *, stopped: int
     print()
     print(f"qwen3exp sweep {'interrupted' if stopped else 'finished'}: {sweep_dir}  "
           + ", ".join(f"{n} {s}" for s, n in counts.items()))
-    print(report.render_terminal(report.table(runs, root=sweep_dir, status=status), max_rows=20))
-    for i, r in enumerate(runs, 1):
+    t = report.table(runs, root=sweep_dir, status=status)
+    print(report.render_terminal(t, max_rows=20))
+    if (best := report.best_line(t)) is not None:
+        print(best)
+    for i, r in enumerate(t.runs, 1):  # numbered as in the (ranked) table
         if r.summary and r.summary.get("error"):
             first = (str(r.summary["error"]).strip().splitlines() or ["?"])[0][:150]
             print(f"  #{i} {r.path}: {first}")
@@ -247,6 +255,11 @@ def finish(jobs: list[Job], sweep_dir: Path, command: list[str], *, stopped: int
         except Exception as e:  # a plotting problem never changes what the sweep did
             print(f"report: not written ({type(e).__name__}: {e})")
     unfinished = [r for r in runs if status.get(r.path, r.status) not in ("completed", "skipped (done)")]
+    if adaptive:
+        if stopped:
+            print(f"continue the search: {resume_command(command, sweep_dir)}")
+            return stopped
+        return 0 if len(unfinished) < len(runs) else 1
     if unfinished:
         print(f"resume (runs only the {len(unfinished)} unfinished job(s)): {resume_command(command, sweep_dir)}")
     if stopped:

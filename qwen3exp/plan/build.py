@@ -124,6 +124,7 @@ class Plan:
             "mesh": asdict(self.mesh),
             "batches": asdict(self.batches),
             "architecture": asdict(self.arch),
+            "model_files": self.files.sources(),
             "parameters": asdict(self.parameters),
             "memory": {**self.memory.as_dict(), "usable_fraction": memory.USABLE_FRACTION},
             "kernel_overrides": [{"name": n, "nodes": c} for n, c in self.kernel_overrides],
@@ -298,7 +299,7 @@ def _section_problems(sections: dict[str, Any]) -> list[Problem]:
         except ConfigError as e:
             problems += e.problems
     if "data" in sections:
-        problems += data_files.data_problems(sections["data"])
+        problems += data_files.data_problems(sections["data"], sections.get("validation"))
     if all(k in sections for k in ("parallelism", "launcher", "platform")):
         try:
             # The experiment as a whole is invalid, so nothing starts: plan without probing devices.
@@ -330,7 +331,7 @@ def make_plan(exp: Experiment, run_dir: str | Path, *, overrides: list[str] | tu
         problems += e.problems
         files = None
     arch = files.arch if files is not None else None
-    problems += data_files.data_problems(exp.data)
+    problems += data_files.data_problems(exp.data, exp.validation)
     problems += tracking.check(exp)
     # A real launch checks the device here (exit 2 when it is missing); a dry run plans from tables.
     facts = resolve(exp.platform, nproc_per_node=exp.launcher.nproc_per_node, dry_run=exp.dry_run)

@@ -51,26 +51,32 @@ def data_files(path: str | Path) -> list[str]:
     return sorted(str(f) for f in p.rglob("*") if f.suffix in SUFFIXES and f.is_file())
 
 
-def data_problems(data) -> list[Problem]:
-    """data.path exists and holds data files whose first records the loader accepts."""
-    match data.source:
-        case "bundled":
-            return []
-        case "local":
-            path = Path(data.path)
-            allowed = f"an existing {' / '.join(SUFFIXES)} file or a folder holding such files"
-            if not path.exists():
-                return [Problem("data.path", data.path, "does not exist", allowed, nearby_path(path))]
-            if path.is_file() and path.suffix not in SUFFIXES:
-                return [Problem("data.path", data.path, f"unsupported file type {path.suffix or '(none)'}", allowed)]
-            files = [Path(f) for f in data_files(path)]
-            if not files:
-                return [Problem("data.path", data.path, "the folder holds no data file", allowed)]
-            return content_problems(data.path, files, data.text_field)
-    return []
+def data_problems(data, validation=None) -> list[Problem]:
+    """data.path (and validation.path, when given) exists and holds data files whose first records
+    the loader accepts."""
+    problems = []
+    if data.source == "local":
+        problems += path_problems("data.path", data.path, data.text_field)
+    if validation is not None and validation.enable and validation.path is not None:
+        field = data.text_field if data.source == "local" else "text"
+        problems += path_problems("validation.path", validation.path, field)
+    return problems
 
 
-def content_problems(value: str, files: list[Path], text_field: str) -> list[Problem]:
+def path_problems(key: str, value: str, text_field: str) -> list[Problem]:
+    path = Path(value)
+    allowed = f"an existing {' / '.join(SUFFIXES)} file or a folder holding such files"
+    if not path.exists():
+        return [Problem(key, value, "does not exist", allowed, nearby_path(path))]
+    if path.is_file() and path.suffix not in SUFFIXES:
+        return [Problem(key, value, f"unsupported file type {path.suffix or '(none)'}", allowed)]
+    files = [Path(f) for f in data_files(path)]
+    if not files:
+        return [Problem(key, value, "the folder holds no data file", allowed)]
+    return content_problems(value, files, text_field, key=key)
+
+
+def content_problems(value: str, files: list[Path], text_field: str, *, key: str = "data.path") -> list[Problem]:
     """The first records of `files` (the loader's list, in its order); `value` is data.path as given.
     Messages name a file by its path inside data.path (its name when data.path is the file)."""
     root = Path(value)
@@ -82,7 +88,7 @@ def content_problems(value: str, files: list[Path], text_field: str) -> list[Pro
     problems: list[Problem] = []
     if not text_only and any(f.suffix == ".txt" for f in files):
         txt = [f for f in files if f.suffix == ".txt"]
-        problems.append(Problem("data.path", value, f"mixes .txt files ({', '.join(map(shown, txt[:3]))}"
+        problems.append(Problem(key, value, f"mixes .txt files ({', '.join(map(shown, txt[:3]))}"
                                 f"{f' and {len(txt) - 3} more' if len(txt) > 3 else ''}) with .jsonl/.json files: the "
                                 "loader then reads every file as JSON lines, and a .txt file is not",
                                 "a folder of .txt files only, or of .jsonl / .json files only",
@@ -100,7 +106,7 @@ def content_problems(value: str, files: list[Path], text_field: str) -> list[Pro
         if isinstance(found, Problem):  # the text field itself is wrong, not the file
             field_problem = field_problem or found
             continue
-        bad_files.append(Problem("data.path", value, f"{shown(f)}: {found}", _ALLOWED_TXT if text_only else
+        bad_files.append(Problem(key, value, f"{shown(f)}: {found}", _ALLOWED_TXT if text_only else
                                  _allowed_json(text_field)))
     if len(bad_files) > MAX_REPORTED:
         rest = len(bad_files) - MAX_REPORTED

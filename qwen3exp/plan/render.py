@@ -82,6 +82,8 @@ def render(plan, provenance_diff=None) -> str:
     add(f"model:      {a.n_layers} layers, dim {a.dim}, heads {a.n_heads}/{a.n_kv_heads} kv x {a.head_dim}{moe}, "
         f"vocab {a.vocab_size}{', tied embeddings' if a.tied else ''}, max seq {a.max_seq_len}, "
         f"rope theta {a.rope_theta:g}")
+    for what, src in plan.files.sources().items():
+        add(f"{'files:' if what == 'config' else '':<12}{what:<10} {_source(src)}")
     add(f"parameters: total {_count(p.total)}")
     if p.is_moe:
         add(f"            active per token {_count(p.active_per_token)}")
@@ -112,6 +114,10 @@ def render(plan, provenance_diff=None) -> str:
     why = "training.warmup_steps" if t.warmup_steps is not None else \
         f"derived from training.steps={t.steps}: min(5, max(1, steps // 5)); set training.warmup_steps to choose"
     add(f"schedule:   {t.steps} steps, lr {t.lr:g}, warm-up {t.warmup} step(s) ({why}), {t.decay_type} decay")
+    add(f"validation: {validation_line(plan.exp)}")
+    metric, direction = plan.exp.objective
+    add(f"objective:  {metric} ({direction}d; sweep.objective"
+        + (")" if plan.exp.sweep.objective else ", null: val_loss with validation on, else last_loss)"))
 
     # --- overrides, checkpoint, commands
     if plan.kernel_overrides:
@@ -130,5 +136,28 @@ def render(plan, provenance_diff=None) -> str:
     return "\n".join(lines)
 
 
+def validation_line(exp) -> str:
+    """Where the held-out loss comes from and when it is measured."""
+    v, steps = exp.validation, exp.training.steps
+    if not v.enable:
+        return "off (validation.enable=false): no held-out loss"
+    at = sorted({1, steps, *range(v.freq, steps + 1, v.freq)})
+    shown = ", ".join(map(str, at)) if len(at) <= 8 else f"{', '.join(map(str, at[:6]))}, ..., {steps}"
+    source = (f"{v.path} (validation.path; training reads all of its data)" if v.path is not None else
+              f"{v.fraction:.0%} of the training documents held out (validation.fraction; the same ones every "
+              "run, never trained on)")
+    return f"{v.steps} batch(es) at step(s) {shown}; {source}"
+
+
 def _value(v) -> str:
     return "null" if v is None else str(v)
+
+
+def _source(src: dict) -> str:
+    """One model source of the plan: `Qwen/Qwen3-0.6B@main -> snapshot <commit> (<folder>): <what>`."""
+    if src.get("repo_id"):
+        where = (f"{src['repo_id']}@{src.get('revision') or 'main'} -> Hugging Face cache snapshot "
+                 f"{src['commit']} ({src['folder']})")
+    else:
+        where = src.get("folder") or ""
+    return f"{where}: {src['what']}" if where else src["what"]

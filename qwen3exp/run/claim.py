@@ -232,13 +232,15 @@ def not_a_run_problem(c: Claim) -> Problem | None:
 
 
 SWEEP_FILE = "multirun.yaml"
-"""Hydra's record of a sweep, in the sweep directory: a directory holding it is a sweep's."""
+"""Hydra's basic sweeper's record of a sweep, in the sweep directory: a directory holding it is a sweep's."""
+SWEEP_MANIFEST = ".qwen3exp-sweep.jsonl"
+"""qwen3exp's launcher's record of a sweep's jobs (every sweeper: Optuna's writes no multirun.yaml)."""
 
 
 def not_a_sweep_problem(c: Claim) -> Problem | None:
     """A sweep directory that existed, holds files and is not an earlier sweep's: never written into."""
     names = foreign_entries(c)
-    if not names or SWEEP_FILE in names or rundir.looks_like_run(c.path):
+    if not names or SWEEP_FILE in names or SWEEP_MANIFEST in names or rundir.looks_like_run(c.path):
         return None
     return Problem(c.key, str(c.path),
                    f"already holds files that are not a qwen3exp sweep ({_listed(names)}); they are never overwritten",

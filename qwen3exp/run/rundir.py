@@ -52,11 +52,28 @@ def stamp() -> str:
     return f"{now:%Y-%m-%d_%H-%M-%S}.{now.microsecond // 1000:03d}-{secrets.token_hex(3)}"
 
 
+def umask() -> int:
+    """The process's umask, read without changing it (Linux: /proc/self/status; elsewhere the
+    set-and-restore of os.umask)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temporary file in the same folder and rename: readers never see half a file."""
+    """Write via a temporary file in the same folder and rename: readers never see half a file.
+    The file gets the mode a plain `open()` would give it (0666 minus the umask: 0644 under umask
+    022), not mkstemp's private 0600, so a teammate on a shared file system can read a run."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~umask())
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
@@ -79,7 +96,17 @@ def read_json(path: Path) -> Any | None:
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    """Rows of metrics.jsonl; a torn last line (a killed run) is ignored."""
+    """The training rows of metrics.jsonl (one per logged step, with `loss`)."""
+    return [r for r in metrics_rows(run_dir) if "loss" in r]
+
+
+def read_validation(run_dir: Path) -> list[dict]:
+    """The validation rows of metrics.jsonl (`step`, `val_loss`, `val_perplexity`)."""
+    return [r for r in metrics_rows(run_dir) if "val_loss" in r]
+
+
+def metrics_rows(run_dir: Path) -> list[dict]:
+    """Every row of metrics.jsonl, training and validation; a torn last line (a killed run) is ignored."""
     rows: list[dict] = []
     try:
         text = (run_dir / METRICS).read_text()
@@ -120,7 +147,7 @@ def latest_checkpoint_step(run_dir: Path) -> int | None:
 
 def truncate_metrics(run_dir: Path, last_step: int) -> None:
     """Keep the metrics rows up to `last_step` (a resumed run appends the later steps again)."""
-    rows = [r for r in read_metrics(run_dir) if r.get("step", 0) <= last_step]
+    rows = [r for r in metrics_rows(run_dir) if r.get("step", 0) <= last_step]
     atomic_write_text(run_dir / METRICS, "".join(json.dumps(r) + "\n" for r in rows))
 
 

@@ -163,7 +163,9 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
             peak_flops_known=facts.peak_flops_per_rank is not None,
         ),
         dataloader=HuggingFaceTextDataLoader.Config(
-            dataset=dataset.register(str(data), text_field), dataset_path=str(data), infinite=True),
+            dataset=dataset.register(str(data), text_field, held_out_fraction=exp.validation.held_out),
+            dataset_path=str(data), infinite=True),
+        validator=validator_config(exp, data, text_field),
         optimizer=default_adamw(lr=t.lr, weight_decay=t.weight_decay),
         lr_scheduler=LRSchedulersContainer.Config(
             warmup_steps=t.warmup, decay_type=t.decay_type, min_lr_factor=t.min_lr_factor),
@@ -202,6 +204,25 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
         override=OverrideConfig(imports=overrides.import_entries(exp.kernels)),
     )
     return config
+
+
+def validator_config(exp: Experiment, data: Path, text_field: str):
+    """torchtitan's validator over the held-out documents (or validation.path), at step 1, every
+    validation.freq steps and at the last step (`qwen3exp.titan.validator`)."""
+    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+
+    from qwen3exp.titan import dataset
+    from qwen3exp.titan.validator import FinalStepValidator
+
+    v = exp.validation
+    if not v.enable:
+        return FinalStepValidator.Config(enable=False)
+    path = Path(v.path) if v.path is not None else data
+    return FinalStepValidator.Config(
+        enable=True, freq=v.freq, steps=v.steps, last_step=exp.training.steps,
+        dataloader=HuggingFaceTextDataLoader.Config(
+            dataset=dataset.register_validation(str(path), text_field, held_out_fraction=v.held_out),
+            dataset_path=str(path), infinite=True))
 
 
 def checkpoint_config(exp: Experiment):
