@@ -39,6 +39,9 @@ def test_dry_run_shows_the_per_node_command(capsys):
         command = next(line for line in out.splitlines() if line.startswith(f"node {node}:"))
         assert "--nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 10.0.0.1:29400" in command
         assert f"--node-rank {node} " in command
+        # node 0 hosts the c10d store whatever its hostname resolves to; the others connect to it
+        assert f"--rdzv-conf join_timeout=300,read_timeout=300,is_host={'true' if node == 0 else 'false'} " in command
+        assert ("--local-addr 10.0.0.1 " in command) == (node == 0)  # the ranks' store: node 0's address
 
 
 def test_node_rank_comes_from_slurm_nodeid(capsys, monkeypatch):
@@ -89,9 +92,12 @@ def test_slurm_launcher_section_reaches_hydra_submitit_launcher(tmp_path):
         "launcher.setup=[module load neuron]"))
     params = slurm.submitit_params(exp, tmp_path)
     hl = SlurmLauncher(**params).params  # what submitit's executor is updated with
+    # submitit is told one node and one task (it expects one result per task, and the job runs the
+    # function once); sbatch gets --nodes=4 through additional_parameters (the upstream-bug
+    # workaround in qwen3exp.launchers.slurm.submitit_params).
     assert (hl["nodes"], hl["tasks_per_node"], hl["cpus_per_task"], hl["partition"], hl["timeout_min"]) == \
-        (4, 1, 96, "trn2", 90)
-    assert hl["use_srun"] is False and hl["additional_parameters"] == {"exclusive": True}
+        (1, 1, 96, "trn2", 90)
+    assert hl["use_srun"] is False and hl["additional_parameters"] == {"nodes": 4, "exclusive": True}
     assert hl["setup"] == ["module load neuron"] and hl["account"] is None and hl["name"] == "tiny_native"
     assert hl["submitit_folder"] == f"{tmp_path}/.submitit/%j"
 

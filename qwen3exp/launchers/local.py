@@ -32,13 +32,13 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
-from qwen3exp.config.schema import Experiment, HFExport, HFRoundtrip
+from qwen3exp.config.schema import Experiment, HFExport, HFRoundtrip, SlurmLauncher
 from qwen3exp.errors import ConfigError, Problem
 from qwen3exp.plan import model_files, tracking
 from qwen3exp.plan.build import Plan, Prepared, prepare as _prepare
 from qwen3exp.plan.placement import Placement
 from qwen3exp.platforms import PlatformFacts
-from qwen3exp.run import identity, procs, provenance, rundir
+from qwen3exp.run import identity, objective, procs, provenance, rundir, timelimit
 from qwen3exp.titan import job_config
 from qwen3exp.titan.overrides import merge_applied
 
@@ -90,26 +90,39 @@ def write_run_files(plan: Plan, run_dir: Path) -> None:
                              shlex.join(provenance.redact_argv(plan.command)) + "\n")
 
 
-def first_rank_error(run_dir: Path) -> str | None:
+def first_rank_error(run_dir: Path, *, since: float = 0.0, rdzv_timeout_s: float | None = None) -> str | None:
     """The root cause of a failed run, from the ranks' error files and the agents' records of how
     ranks died (`qwen3exp.run.agent.root_cause`): a rank killed by a signal, or gone without an error
     report, comes before the communication errors it caused in the other ranks."""
     from qwen3exp.run import agent
-    return agent.root_cause(run_dir / rundir.LOGS)
+    return agent.root_cause(run_dir / rundir.LOGS, since=since, rdzv_timeout_s=rdzv_timeout_s)
 
 
 def summarize(plan: Plan, run_dir: Path, *, exit_code: int, status: str, wall: float,
-              error: str | None, resumed_from: int | None = None, export: dict | None = None) -> dict:
+              error: str | None, resumed_from: int | None = None, export: dict | None = None,
+              extra: dict | None = None) -> dict:
     rows = rundir.read_metrics(run_dir)
+    val = rundir.read_validation(run_dir)
     step1 = next((r["loss"] for r in rows if r["step"] == 1), None)
     weights = plan.files.weights
+    last_loss = rows[-1]["loss"] if rows else None
+    val_loss = val[-1]["val_loss"] if val else None
+    tps = objective.mean_tokens_per_second(rows)
+    metric, direction = plan.exp.objective
     summary = {
         "status": status,
         "exit_code": exit_code,
         "world_size": plan.mesh.world_size,
         "steps_completed": rows[-1]["step"] if rows else 0,
         "first_loss": rows[0]["loss"] if rows else None,
-        "last_loss": rows[-1]["loss"] if rows else None,
+        "last_loss": last_loss,
+        "val_loss": val_loss,
+        "val_perplexity": val[-1]["val_perplexity"] if val else None,
+        "first_val_loss": val[0]["val_loss"] if val else None,
+        "val_step": val[-1]["step"] if val else None,
+        "tokens_per_second": tps,
+        "objective": objective.record(metric, direction, objective.value_of(
+            metric, last_loss=last_loss, val_loss=val_loss, tokens_per_second=tps)),
         "wall_seconds": round(wall, 3),
         "error": error,
         "platform": plan.platform.name,
@@ -126,6 +139,7 @@ def summarize(plan: Plan, run_dir: Path, *, exit_code: int, status: str, wall: f
         "nnodes": plan.placement.nnodes,
         "node_rank": plan.placement.node_rank,
     }
+    summary.update(extra or {})
     rundir.atomic_write_json(run_dir / node_file(rundir.SUMMARY, plan.placement), summary)
     return summary
 
@@ -154,14 +168,22 @@ class _StopSignals:
     handler, which ignores SIGTERM). Before torchrun runs, a signal abandons the launch at once;
     while it runs, the first signal is remembered and torchrun is asked to stop its ranks."""
 
-    def __init__(self) -> None:
+    def __init__(self, logs: Path | None = None) -> None:
         self.signum: int | None = None
         self.at: float | None = None
         self.proc: subprocess.Popen | None = None
+        self.logs = logs
 
     def __enter__(self) -> _StopSignals:
         self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        # SLURM's pre-timeout signal, should it reach the launcher: a request for the ranks
+        # (qwen3exp.run.timelimit); submitit's own handler runs after the launch, if at all.
+        self._old[signal.SIGUSR2] = signal.signal(signal.SIGUSR2, self._time_limit)
         return self
+
+    def _time_limit(self, _signum, _frame) -> None:
+        if self.logs is not None:
+            timelimit.request(self.logs, "launcher")
 
     def __exit__(self, *exc) -> None:
         for s, h in self._old.items():
@@ -186,7 +208,7 @@ class _StopSignals:
 
 
 def run_torchrun(argv: list[str], env: dict, stop_timeout_s: float, stop: _StopSignals,
-                 refusal: Path | None = None) -> int:
+                 refusal: Path | None = None, deadline: float | None = None) -> int:
     """Start torchrun (or srun) in its own session and supervise it until it and every process it
     started are gone; returns its exit code. `refusal`: the file a rank writes when torchtitan
     refuses the configuration; once it exists torchrun and its ranks are killed at once (no rank
@@ -208,6 +230,9 @@ def run_torchrun(argv: list[str], env: dict, stop_timeout_s: float, stop: _StopS
             try:
                 return stop.proc.wait(timeout=0.1)
             except subprocess.TimeoutExpired:
+                if deadline is not None and time.time() >= deadline and stop.logs is not None:
+                    timelimit.request(stop.logs, "launcher (the job's time limit is near)")
+                    deadline = None
                 if refusal is not None and stop.signum is None and refusal.exists():
                     _kill_group(stop.proc.pid)
                     procs.kill_tree(me, exclude=before | {stop.proc.pid})
@@ -253,6 +278,15 @@ def _reset_metrics(exp: Experiment, run_dir: Path) -> int | None:
     return step
 
 
+def _time_limit_deadline(exp: Experiment) -> float | None:
+    """A SLURM job with checkpoint=dcp: when the ranks are to checkpoint and stop."""
+    if not isinstance(exp.launcher, SlurmLauncher) or exp.checkpoint.kind != "dcp":
+        return None
+    from qwen3exp.launchers import slurm
+
+    return slurm.time_limit_deadline(exp.launcher, os.environ)
+
+
 def launch(plan: Plan, run_dir: Path, *, origin: provenance.Origin | None = None) -> dict:
     """Run the checked `plan` in `run_dir` (the directory it was made for): write the run directory
     (plan.json and provenance.json included), run torchrun, write summary.json; returns the summary.
@@ -262,10 +296,12 @@ def launch(plan: Plan, run_dir: Path, *, origin: provenance.Origin | None = None
     if Path(plan.run_dir).resolve() != run_dir.resolve():
         raise ValueError(f"the plan was made for run directory {plan.run_dir}, not {run_dir}")
     exp, where, facts = plan.exp, plan.placement, plan.platform
-    start = time.monotonic()
+    start, started = time.monotonic(), time.time()
     resumed_from = None
     refusal = job_config.refusal_path(run_dir)
-    with _StopSignals() as stop:
+    logs = run_dir / rundir.LOGS
+    earlier = timelimit.earlier_attempts(run_dir, experiment_hash(exp)) if where.node_rank == 0 else []
+    with _StopSignals(logs) as stop:
         try:
             if where.nnodes == 1:
                 _wait_until_free(run_dir, exp.launcher.stop_timeout_s + 5)
@@ -274,6 +310,8 @@ def launch(plan: Plan, run_dir: Path, *, origin: provenance.Origin | None = None
             # Node 0 only: the ranks (also those of the other nodes) cannot start before its agent joins.
             resumed_from = _reset_metrics(exp, run_dir) if where.node_rank == 0 else None
             refusal.unlink(missing_ok=True)  # an earlier launch's, in a relaunched directory
+            if where.node_rank == 0:
+                timelimit.clear(logs)
             env = rank_env(facts, run_dir)
             env.update(tracking.env(exp, run_dir, sweep_dir=origin.sweep_dir if origin else None))
             node = f"node {where.node_rank}/{where.nnodes} ({where.how}), " if where.nnodes > 1 else ""
@@ -282,7 +320,8 @@ def launch(plan: Plan, run_dir: Path, *, origin: provenance.Origin | None = None
                   + (f"; resuming from checkpoint step {resumed_from}" if resumed_from is not None else ""),
                   flush=True)
             start = time.monotonic()
-            code = run_torchrun(plan.command, env, exp.launcher.stop_timeout_s, stop, refusal)
+            code = run_torchrun(plan.command, env, exp.launcher.stop_timeout_s, stop, refusal,
+                                deadline=_time_limit_deadline(exp))
         except _Interrupted:
             code = None
     wall = time.monotonic() - start
@@ -292,20 +331,29 @@ def launch(plan: Plan, run_dir: Path, *, origin: provenance.Origin | None = None
     if stop.signum is not None:
         status, exit_code = "interrupted", EXIT_SIGNAL[signal.Signals(stop.signum)]
         error = f"stopped by {signal.Signals(stop.signum).name}" + ("" if stop.proc else " before the ranks started")
+    elif code == 0 and (limit := timelimit.saved(logs)) is not None:
+        status, exit_code, error = timelimit.outcome(exp, limit, os.environ)
     elif code == 0:
         status, exit_code, error = "completed", 0, None
     else:
         assert code is not None  # None only when a signal abandoned the launch (stop.signum is set)
         status, exit_code = "failed", code
-        error = first_rank_error(run_dir) or (f"torchrun was killed by {signal.Signals(-code).name}" if code < 0
-                                              else f"torchrun exited with code {code}")
+        rdzv = exp.launcher.rdzv_timeout_s
+        error = (first_rank_error(run_dir, since=started - rdzv, rdzv_timeout_s=rdzv)
+                 or (f"torchrun was killed by {signal.Signals(-code).name}" if code < 0
+                     else f"torchrun exited with code {code}"))
     export = None
     if status == "completed" and exp.checkpoint.kind in ("hf_export", "hf_roundtrip"):
         export = finish_export(plan, run_dir)
         if not export["ok"]:
             status, exit_code, error = "failed", 1, f"the Hugging Face export does not verify: {export['error']}"
+    # Node 0: every attempt in this run directory (requeues of a SLURM job, relaunches).
+    this = timelimit.attempt_record(os.environ, number=len(earlier) + 1, status=status, started=started,
+                                    wall=wall, resumed_from=resumed_from, error=error,
+                                    steps=rundir.read_metrics(run_dir))
     summary = summarize(plan, run_dir, exit_code=exit_code, status=status, wall=wall, error=error,
-                        resumed_from=resumed_from, export=export)
+                        resumed_from=resumed_from, export=export,
+                        extra={"attempts": [*earlier, this]} if where.node_rank == 0 else None)
     last = summary["last_loss"]
     print(f"qwen3exp: {status}: {run_dir}  last loss {last if last is None else f'{last:.4f}'}  "
           f"wall {wall:.1f}s" + (f"\n  error: {error}" if error else ""), flush=True)

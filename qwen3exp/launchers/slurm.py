@@ -27,11 +27,19 @@ def submitit_params(exp: Experiment, sweep_dir: Path) -> dict:
     the validated `launcher` section (every default lives in conf/launcher/slurm.yaml)."""
     la = exp.launcher
     assert isinstance(la, SlurmLauncher)
+    sbatch: dict = {"requeue": True} if la.requeue else {}
+    # UPSTREAM BUG: submitit 1.5.4 expects one result per SLURM task (nodes x tasks_per_node) even
+    # with use_srun=False, where the batch script runs the function once: with nodes=2 the
+    # submitter waited for task 1's result, which never comes, and never returned (issue 13).
+    # submitit is told nodes=1 (one task, one result) and sbatch gets --nodes through
+    # additional_parameters, which submitit writes last (tests/test_slurm.py::test_upstream_...).
+    if la.nnodes > 1:
+        sbatch["nodes"] = la.nnodes
     return {
         "submitit_folder": f"{sweep_dir}/.submitit/%j",
         # the job runs once, on the first node, and starts srun itself (see the module docstring).
         "use_srun": False,
-        "nodes": la.nnodes,
+        "nodes": 1,
         "tasks_per_node": 1,
         "cpus_per_task": la.cpus_per_node,
         "mem_gb": la.mem_gb,
@@ -39,7 +47,11 @@ def submitit_params(exp: Experiment, sweep_dir: Path) -> dict:
         "partition": la.partition,
         "account": la.account,
         "timeout_min": la.time_limit_min,
-        "additional_parameters": dict(la.additional_parameters),
+        # sbatch --signal=USR2@signal_delay_s: the pre-timeout signal (qwen3exp.run.timelimit).
+        "signal_delay_s": la.signal_delay_s,
+        # submitit requeues a job on its pre-timeout signal at most this many times.
+        "max_num_timeout": la.max_requeues if la.requeue else 0,
+        "additional_parameters": {**sbatch, **la.additional_parameters},
         "setup": list(la.setup),
         "array_parallelism": la.array_parallelism,
         "name": exp.name,
@@ -89,3 +101,46 @@ def wait_gone(jobs: list[str], *, timeout_s: float) -> None:
         if out.returncode != 0 or not out.stdout.strip():
             return
         time.sleep(0.5)
+
+
+def requeue_this_job() -> None:
+    """In a SLURM job whose ranks saved a checkpoint at the pre-timeout signal: hand that signal to
+    submitit's own handler, which requeues the job (`scontrol requeue`, the same job id; the
+    hydra-submitit callable resubmits itself with the same arguments) and ends this process
+    (SystemExit, so no result is written and the submitter keeps waiting for the requeued job).
+    SLURM does not signal the batch script's processes (see qwen3exp.run.timelimit), so submitit's
+    handler has not run yet."""
+    import signal
+
+    handler = signal.getsignal(signal.SIGUSR2)
+    if not callable(handler):
+        raise RuntimeError("not in a submitit job: no pre-timeout signal handler to requeue with")
+    try:
+        handler(signal.SIGUSR2, None)  # submitit's: checkpoint, requeue, sys.exit
+    except SystemExit:
+        # SLURM holds a requeued job back (BeginTime; 144 s measured here on 22.05); it may start
+        # again as soon as its nodes are free.
+        import os
+
+        subprocess.run(["scontrol", "update", f"JobId={os.environ['SLURM_JOB_ID']}", "StartTime=now"],
+                       check=False, capture_output=True, timeout=30)
+        raise
+    raise RuntimeError("submitit's pre-timeout handler returned without requeueing the job")
+
+
+def time_limit_deadline(la: SlurmLauncher, env) -> float | None:
+    """In a SLURM job: when (time.time()) the pre-timeout checkpoint is due, from the job's EndTime
+    (`squeue -o %e`) minus `launcher.signal_delay_s`. The launcher records the request itself then,
+    should SLURM's own signal not have come: it never reaches the batch script's processes, and
+    after a requeue SLURM 22.05 did not send it again (measured). None outside a job."""
+    import datetime
+
+    job = env.get("SLURM_JOB_ID")
+    if not job:
+        return None
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%e"], capture_output=True, text=True, timeout=30)
+        end = datetime.datetime.fromisoformat(out.stdout.strip().splitlines()[0])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+    return end.timestamp() - la.signal_delay_s

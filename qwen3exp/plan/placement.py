@@ -84,7 +84,7 @@ def notes(exp: Experiment, where: Placement) -> list[str]:
         case SlurmLauncher() as la:
             from qwen3exp.plan import slurm_nodes as slurm
             return [f"sbatch {' '.join(slurm.sbatch_flags(la))} through hydra-submitit-launcher (a sweep: a job "
-                    f"array); the job runs on its first node and then: {where.how}"]
+                    f"array); the job runs on its first node and then: {where.how}", slurm.time_limit_note(exp, la)]
         case LocalLauncher() if where.nnodes > 1:
             return [f"this is node {where.node_rank} of {where.nnodes} ({where.how}); c10d rendezvous at "
                     f"{where.rdzv_endpoint}", f"other nodes: {where.per_node_hint}"]
@@ -114,6 +114,22 @@ def torchrun_argv(exp: Experiment, where: Placement, *, nnodes: int, nproc_per_n
     argv = [*where.agent_prefix, sys.executable, "-m", "qwen3exp.run.agent",
             "--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", where.rdzv_endpoint, "--rdzv-id", where.rdzv_id]
+    if nnodes > 1:
+        # Bounded: connecting to the endpoint (read_timeout) and waiting for every node (join_timeout).
+        t = exp.launcher.rdzv_timeout_s
+        conf = f"join_timeout={t},read_timeout={t}"
+        if not where.agent_prefix:
+            # A launcher per node: node 0 hosts the c10d store, the others connect to it. torchrun
+            # would otherwise guess by matching the endpoint against this machine's hostname, and
+            # on a host whose hostname does not resolve to the endpoint's address no node would host
+            # it (every agent waits for a store nobody serves). rdzv_endpoint is node 0's address.
+            this = where.node_rank if node_rank is None else node_rank
+            conf += f",is_host={'true' if this == 0 else 'false'}"
+            if this == 0:
+                # The ranks' own store (MASTER_ADDR) is on node 0 too: torchrun would name it by
+                # this machine's hostname; the endpoint's host is what the other nodes reach.
+                argv += ["--local-addr", where.rdzv_endpoint.rpartition(":")[0].strip("[]")]
+        argv += ["--rdzv-conf", conf]
     if nnodes > 1 and not where.agent_prefix:
         # For the record only (which node's agent this is): c10d assigns the ranks itself, and
         # torchrun says so in a warning.

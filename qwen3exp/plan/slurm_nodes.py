@@ -16,6 +16,8 @@ from qwen3exp.plan.placement import STANDALONE_ENDPOINT, STANDALONE_ID, Placemen
 
 def sbatch_flags(la: SlurmLauncher) -> list[str]:
     """The sbatch options the job is submitted with (for the plan)."""
+    # (submitit adds --signal=USR2@signal_delay_s, and --requeue with launcher.requeue: the plan's
+    # time-limit line says so.)
     flags = [f"--nodes={la.nnodes}", "--ntasks-per-node=1", f"--time={la.time_limit_min}"]
     for flag, value in (("cpus-per-task", la.cpus_per_node), ("mem", f"{la.mem_gb}GB" if la.mem_gb else None),
                         ("gpus-per-node", la.gpus_per_node), ("partition", la.partition),
@@ -28,7 +30,32 @@ def sbatch_flags(la: SlurmLauncher) -> list[str]:
 
 
 def uses_srun(la: SlurmLauncher) -> bool:
-    return la.srun if la.srun is not None else la.nnodes > 1
+    # A job that requeues itself needs SLURM's pre-timeout signal, which reaches job steps only.
+    return la.srun if la.srun is not None else (la.nnodes > 1 or la.requeue)
+
+
+def time_limit_note(exp: Experiment, la: SlurmLauncher) -> str:
+    """What happens at the time limit (for the plan)."""
+    at = f"at the time limit ({la.time_limit_min} min; SIGUSR2 {la.signal_delay_s} s before it)"
+    if not exp.checkpoint.resumable:
+        return (f"{at} the job is stopped and cannot resume: checkpoint={exp.checkpoint.kind} saves no "
+                "training state (checkpoint=dcp does, and launcher.requeue=true requeues the job)")
+    if la.requeue:
+        return (f"{at} the ranks save a DCP checkpoint and the job requeues itself (at most "
+                f"{la.max_requeues} times), resuming from it in the same run directory")
+    if not uses_srun(la):
+        return (f"{at} the job is stopped (the signal reaches job steps only, and torchrun runs without srun "
+                "here); the same command again resumes from the latest DCP checkpoint")
+    return (f"{at} the ranks save a DCP checkpoint and stop (launcher.requeue=false: not requeued); the same "
+            "command again resumes from it")
+
+
+def requeue_problem(exp: Experiment, la: SlurmLauncher) -> Problem | None:
+    if la.requeue and not exp.checkpoint.resumable:
+        return Problem("launcher.requeue", True,
+                       f"a requeued job resumes from a DCP checkpoint; checkpoint={exp.checkpoint.kind} saves none",
+                       "checkpoint=dcp, or launcher.requeue=false")
+    return None
 
 
 def srun_prefix(la: SlurmLauncher) -> tuple[str, ...]:
@@ -38,6 +65,8 @@ def srun_prefix(la: SlurmLauncher) -> tuple[str, ...]:
 
 
 def placement(exp: Experiment, la: SlurmLauncher, env: Mapping[str, str]) -> Placement:
+    if (problem := requeue_problem(exp, la)) is not None:
+        raise ConfigError([problem])
     prefix = srun_prefix(la) if uses_srun(la) else ()
     if "SLURM_JOB_ID" not in env:  # planning on the submit host: decided in the job
         if not prefix:

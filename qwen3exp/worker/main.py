@@ -28,7 +28,7 @@ from pathlib import Path
 
 from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError
 from qwen3exp.platforms import PlatformFacts, prepare_worker
-from qwen3exp.run import faults, procs, rundir
+from qwen3exp.run import faults, procs, rundir, timelimit
 
 
 def load_run(run_dir: Path):
@@ -72,6 +72,8 @@ def train(run_dir: Path) -> None:
     with overrides.record_applied(run_dir, write=rank == 0):
         trainer = config.build()
     faults.install(trainer, injected, rank)
+    if exp.checkpoint.kind == "dcp":  # SLURM's pre-timeout signal: checkpoint and stop (run/timelimit.py)
+        timelimit.install(trainer, run_dir / rundir.LOGS)
     trainer.train()
     _finish(trainer)
 
@@ -147,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     # SIGKILL when torchrun dies, however it dies: no rank outlives its agent.
     procs.die_with_parent(signal.SIGKILL)
+    timelimit.catch_signal(Path(argv[0]).resolve() / rundir.LOGS)  # SIGUSR2 is a request, not fatal
     run_dir = Path(argv[0]).resolve()
     # This rank's error report of an earlier launch into this run directory (a relaunch, a resume)
     # must not be read as this launch's.

@@ -37,6 +37,10 @@ alive() {  # alive PIDFILE
   [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null
 }
 
+munge_answers() {  # a munged answers on the default socket
+  munge -n 2>/dev/null | unmunge >/dev/null 2>&1
+}
+
 configure() {
   local host cpus mem
   host=$(hostname -s)
@@ -83,11 +87,15 @@ start() {
   need_root
   install
   configure
-  if ! alive "$STATE/munged.pid"; then
-    munged --force --pid-file="$STATE/munged.pid" 2>/dev/null || munged --force
-    # Older munged builds ignore --pid-file; record the pid ourselves.
-    sleep 0.5
-    [ -s "$STATE/munged.pid" ] || pgrep -n -x munged > "$STATE/munged.pid"
+  # munge: reuse a munged that answers on the default socket (another cluster's, the system's):
+  # it is not ours, so nothing is recorded and `stop` leaves it alone. Otherwise start one in the
+  # foreground so that $! is its pid (never a pid looked up by name), and record that.
+  if ! alive "$STATE/munged.pid" && ! munge_answers; then
+    rm -f "$STATE/munged.pid"
+    munged --foreground --force >>"$STATE/log/munged.log" 2>&1 &
+    echo $! > "$STATE/munged.pid"
+    for _ in $(seq 1 50); do munge_answers && break; sleep 0.1; done
+    munge_answers || { log "munged did not start; see $STATE/log/munged.log"; exit 5; }
   fi
   alive "$STATE/slurmctld.pid" || slurmctld
   sleep 1
@@ -121,7 +129,7 @@ stop() {
   scancel --full --quiet --user="$(id -un)" 2>/dev/null || true
   stop_one "$STATE/slurmd.pid" slurmd
   stop_one "$STATE/slurmctld.pid" slurmctld
-  stop_one "$STATE/munged.pid" munged
+  stop_one "$STATE/munged.pid" munged  # only one this script started (its pid file; none when reused)
 }
 
 case "${1:-start}" in

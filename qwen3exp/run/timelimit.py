@@ -1,0 +1,165 @@
+"""SLURM's time limit: the pre-timeout signal, the checkpoint the ranks save on it, the requeue.
+
+submitit submits every job with `sbatch --signal=USR2@<launcher.signal_delay_s>`: SLURM sends
+SIGUSR2 that long before the time limit. It reaches every process of the job's steps (srun's
+tasks: the torchrun agents and their ranks) and not the processes of the batch script (measured
+on SLURM 22.05: a Python process started by the batch script got nothing, the tasks of an srun
+step got it), so the torchrun agents are started by srun whenever the job may requeue itself.
+
+- `request(log_dir, who)`: whoever gets the signal (an agent, a rank, the launcher) records it in
+  `logs/time_limit.json`; nobody dies of SIGUSR2.
+- In the ranks (`install`, with checkpoint=dcp): before every step all ranks agree (one MAX
+  all-reduce of a flag) whether a request came; if so each rank saves a full DCP checkpoint of the
+  step just finished (`checkpoint/step-N`, synchronous), rank 0 writes `logs/time_limit_saved.json`
+  and the training loop ends, so torchrun exits 0.
+- The launcher (`qwen3exp.launchers.local`) then records the attempt: `requeued` when the job may
+  requeue itself (`launcher.requeue=true`, fewer than `launcher.max_requeues` requeues so far:
+  SLURM_RESTART_COUNT), and hands the signal to submitit, which requeues the job (same job id,
+  same run directory); the requeued job resumes from that checkpoint. Otherwise the run is
+  `interrupted` and a rerun of the same command resumes.
+Without checkpoint=dcp the ranks ignore the signal and the job runs until SLURM stops it at the
+time limit (`interrupted`, nothing to resume from); the plan says so.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from qwen3exp.config.schema import Experiment, SlurmLauncher
+from qwen3exp.run import rundir
+
+REQUEST = "time_limit.json"
+SAVED = "time_limit_saved.json"
+ATTEMPT_ENV = "SLURM_RESTART_COUNT"
+"""Set by SLURM in a requeued job: how many times it was requeued (restarted) so far."""
+
+
+def request(log_dir: Path, who: str) -> None:
+    """Record that the pre-timeout signal arrived (the first record is kept)."""
+    path = Path(log_dir) / REQUEST
+    if path.exists():
+        return
+    try:
+        rundir.atomic_write_json(path, {"signal": "SIGUSR2", "received_by": who, "time": time.time(),
+                                        "pid": os.getpid()})
+    except OSError:
+        pass
+
+
+def requested(log_dir: Path) -> dict | None:
+    data = rundir.read_json(Path(log_dir) / REQUEST)
+    return data if isinstance(data, dict) else None
+
+
+def saved(log_dir: Path) -> dict | None:
+    """What rank 0 recorded after the ranks saved their checkpoint and stopped: {step, time}."""
+    data = rundir.read_json(Path(log_dir) / SAVED)
+    return data if isinstance(data, dict) else None
+
+
+def clear(log_dir: Path) -> None:
+    """Before a launch: an earlier attempt's request and record are not this one's."""
+    for name in (REQUEST, SAVED):
+        (Path(log_dir) / name).unlink(missing_ok=True)
+
+
+def outcome(exp: Experiment, record: dict, env: Mapping[str, str]) -> tuple[str, int, str]:
+    """(status, exit code, error) of an attempt whose ranks stopped at the pre-timeout signal."""
+    la, step, n = exp.launcher, record.get("step"), attempt(env)
+    delay = f", launcher.signal_delay_s={la.signal_delay_s} s before it" if isinstance(la, SlurmLauncher) else ""
+    what = (f"stopped at the SLURM time limit (SIGUSR2{delay}) "
+            + (f"after step {step}, checkpoint step-{step} saved" if step else "before any step (nothing to save)"))
+    if not isinstance(la, SlurmLauncher) or not la.requeue:
+        why = "launcher.requeue=false"
+    elif n <= la.max_requeues:
+        return "requeued", 0, f"{what}; requeued (attempt {n} of at most {la.max_requeues + 1})"
+    else:
+        why = f"launcher.max_requeues={la.max_requeues} reached"
+    return "interrupted", 143, f"{what}; not requeued ({why}): the same command again resumes"
+
+
+def attempt_record(env: Mapping[str, str], *, number: int, status: str, started: float, wall: float,
+                   resumed_from: int | None, error: str | None, steps: list[dict]) -> dict:
+    """This attempt, as summary.json's `attempts` lists it (`number`: 1 + the earlier ones)."""
+    return {"attempt": number, "job_id": env.get("SLURM_JOB_ID"), "nodes": env.get("SLURM_JOB_NODELIST"),
+            "status": status, "started": round(started, 3), "wall_seconds": round(wall, 3),
+            "resumed_from_step": resumed_from, "steps_completed": steps[-1]["step"] if steps else 0, "error": error}
+
+
+def earlier_attempts(run_dir: Path, experiment_hash: str) -> list[dict]:
+    """The attempts an earlier summary of the same experiment in `run_dir` recorded (a requeued
+    job's, a relaunch's; a sweep keeps the earlier one under attempts/<n>/)."""
+    run_dir = Path(run_dir)
+    kept = sorted((run_dir / rundir.ATTEMPTS).glob("*/summary.json"), key=lambda p: int(p.parent.name)
+                  if p.parent.name.isdigit() else 0)
+    for path in [run_dir / rundir.SUMMARY, *reversed(kept)]:
+        s = rundir.read_json(path)
+        if isinstance(s, dict) and s.get("experiment_hash") == experiment_hash:
+            if isinstance(s.get("attempts"), list):
+                return list(s["attempts"])
+            return [{"attempt": 1, "job_id": None, "status": s.get("status"), "started": None,
+                     "wall_seconds": s.get("wall_seconds"), "resumed_from_step": s.get("resumed_from_step"),
+                     "steps_completed": s.get("steps_completed"), "error": s.get("error")}]
+    return []
+
+
+def attempt(env: Mapping[str, str]) -> int:
+    """This job's attempt, 1 for the first run, 2 after one requeue, ..."""
+    value = env.get(ATTEMPT_ENV, "0")
+    return int(value) + 1 if value.isdigit() else 1
+
+
+# --------------------------------------------------------------------------------- in the ranks
+_received: list[float] = []
+
+
+def catch_signal(log_dir: Path) -> None:
+    """First thing in a rank: SIGUSR2 is recorded, never fatal (the default action kills)."""
+    def on_signal(_signum, _frame) -> None:
+        _received.append(time.time())
+        request(log_dir, f"rank {os.environ.get('RANK', '?')}")
+
+    signal.signal(signal.SIGUSR2, on_signal)
+    # The agent blocks SIGUSR2 and its ranks inherit that: one that came meanwhile arrives now.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR2})
+
+
+def install(trainer: Any, log_dir: Path) -> None:
+    """With checkpoint=dcp, after the trainer is built: before each step the ranks agree whether
+    the pre-timeout signal came (to this rank, or to any process that recorded it in `log_dir`);
+    if so every rank saves the finished step (unless torchtitan just saved it at its interval)
+    and training stops there."""
+    import torch
+    import torch.distributed as dist
+
+    log_dir = Path(log_dir)
+    original = trainer.should_continue_training
+    device = getattr(trainer, "device", torch.device("cpu"))
+    interval = trainer.config.checkpoint.interval
+    first: list[int] = []
+
+    def should_continue_training() -> bool:
+        if not first:
+            first.append(trainer.step)  # the step this attempt starts from (a resumed one's checkpoint)
+        if not original():
+            return False
+        flag = torch.tensor([1 if _received or (log_dir / REQUEST).exists() else 0], dtype=torch.int32,
+                            device=device)
+        if dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step
+        if not int(flag.item()):
+            return True
+        step = trainer.step
+        if step > first[0] and step % interval != 0:
+            trainer.checkpointer.save(step, last_step=True)  # a full, synchronous DCP checkpoint
+        trainer.checkpointer.maybe_wait_for_saving()
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            rundir.atomic_write_json(log_dir / SAVED, {"step": step if step > 0 else None, "time": time.time()})
+        return False
+
+    trainer.should_continue_training = should_continue_training
