@@ -65,7 +65,16 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None) -> 
     except ConfigError as e:
         print(e.render(), file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    if inv.info_flags:  # --help, --cfg job, ...: Hydra answers by itself, nothing runs
+    if inv.info_flags in (["--help"], ["-h"]):  # qwen3exp's own help: commands, groups, every key
+        from qwen3exp import help
+
+        try:
+            print(help.render(inv))
+        except ConfigError as e:
+            print(e.render(), file=sys.stderr)
+            return EXIT_CONFIG_ERROR
+        return 0
+    if inv.info_flags:  # --hydra-help, --cfg job, ...: Hydra answers by itself, nothing runs
         _run_hydra(inv, [], multirun=inv.multirun)
         return 0
     try:

@@ -93,3 +93,31 @@ def test_mistakes_exit_2_before_any_worker(args, key, allowed, tmp_path):
     assert key in r.stderr and allowed in r.stderr, r.stderr
     assert "Traceback" not in r.stderr + r.stdout
     assert not run.exists()  # nothing started, nothing written
+
+
+@pytest.mark.parametrize("overrides", [(), ("model=hf", "launcher=slurm", "checkpoint=dcp")])
+def test_help_documents_every_key_group_and_command(overrides):
+    from conftest import compose
+    from qwen3exp.config.compose import GROUPS, Composer
+    from qwen3exp.run import rundir
+
+    r = run_cli(*overrides, "--help")
+    assert r.returncode == 0 and "Traceback" not in r.stdout + r.stderr, r.stderr
+    for key in rundir.flatten(compose(*overrides)):
+        assert f"\n  {key} (" in r.stdout, key
+    with Composer() as c:
+        for group in GROUPS:
+            line = next(ln for ln in r.stdout.splitlines() if ln.startswith(f"  {group} "))
+            assert all(o in line for o in c.options(group)), (group, line)
+    for command in ("init", "report PATH", "diff RUN_A RUN_B", "relaunch RUN", "--version", "dry_run=true"):
+        assert f"qwen3exp {command}" in r.stdout, command
+    # the schema's docstrings, with types and this composition's values
+    assert "training.lr (float > 0) = 0.003" in r.stdout
+    assert "sweep.objective (val_loss|last_loss|tokens_per_second or null) = null" in r.stdout
+
+
+def test_version_names_what_it_runs_with():
+    r = run_cli("--version")
+    assert r.returncode == 0
+    for name in ("qwen3exp", "torchtitan", "torch", "hydra-core"):
+        assert f"{name} " in r.stdout

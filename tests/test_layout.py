@@ -12,7 +12,7 @@ An experiment goes through these stages, in this order (the rank of each package
   6  titan                   the torchtitan adapter: the ONLY package that imports torchtitan
   7  worker                  a rank's entry point (torchrun starts it)
   8  launchers               local, SLURM and sweeps
-  9  cli, api, scaffold, __main__, hydra_plugins   the front ends
+  9  cli, api, scaffold, help, __main__, hydra_plugins   the front ends
 A module may import a module of its own rank or a lower one, at top level or lazily inside a
 function (a lazy import is still a dependency: it runs whenever that code path does). So each stage
 can be read, tested and imported without the later ones, and the front end, the config and a dry
@@ -48,6 +48,7 @@ RANKS: dict[str, int] = {
     "qwen3exp.cli": 9,
     "qwen3exp.api": 9,
     "qwen3exp.scaffold": 9,
+    "qwen3exp.help": 9,
     "qwen3exp.__main__": 9,
     "hydra_plugins": 9,
 }

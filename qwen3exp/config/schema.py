@@ -919,6 +919,44 @@ def describe(key: str) -> str | None:
     return None
 
 
+def field_of(key: str, data: dict) -> Any:
+    """The pydantic field of a dotted key in the variant `data` chose (model.backend=hf: HFModel's
+    fields), or None."""
+    model: Any = Experiment
+    node: Any = data
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        fld = model.model_fields.get(part) if model is not None else None
+        if fld is None:
+            return None
+        if i == len(parts) - 1:
+            return fld
+        node = node.get(part) if isinstance(node, dict) else None
+        model = _variant(fld, node)
+    return None
+
+
+def type_name(annotation: Any) -> str:
+    """A field's type as a person reads it: int, float, a|b|c, str or null, ..."""
+    import typing
+
+    args = typing.get_args(annotation)
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        inner = type_name(args[0])
+        metas = [x for m in args[1:] for x in (getattr(m, "metadata", None) or [m])]  # Field(ge=0): its metadata
+        bounds = [f"{op} {getattr(m, attr)}" for m in metas for attr, op in
+                  (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")) if getattr(m, attr, None) is not None]
+        return f"{inner} {' '.join(bounds)}".strip() if bounds else inner
+    if origin is Literal:
+        return "|".join(str(a) for a in args)
+    if args and origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return " or ".join("null" if a is type(None) else type_name(a) for a in args)
+    if origin in (list, tuple, dict):
+        return origin.__name__
+    return getattr(annotation, "__name__", str(annotation))
+
+
 def _first_model(ann: Any) -> Any:
     if isinstance(ann, type) and issubclass(ann, BaseModel):
         return ann

@@ -1,0 +1,63 @@
+"""`qwen3exp --help` (and `python -m qwen3exp --help`): the commands, the config groups with their
+options, and every key of the composed experiment with its type, its value (the default of this
+composition: `qwen3exp model=hf --help` shows the hf keys) and its docstring from the schema.
+Hydra's own help stays `--hydra-help`. Nothing starts, nothing is written."""
+
+from __future__ import annotations
+
+from qwen3exp.config.compose import GROUPS, Composer, Invocation, experiment_data
+
+COMMANDS = """\
+usage: qwen3exp [group=option ...] [key=value ...]     (python -m qwen3exp is the same command)
+
+  qwen3exp [overrides]                    compose, validate, plan, train (torchrun)
+  qwen3exp dry_run=true [overrides]       the plan; nothing starts, nothing is written
+  qwen3exp -m key=a,b [overrides]         a sweep (Hydra multirun); hydra/sweeper=optuna for a search
+  qwen3exp -cd DIR ...                    add your own config folder (experiments, group options)
+  qwen3exp init [DIR]                     a repository of experiments of your own
+  qwen3exp report PATH                    the table (and report.md/csv, loss.png) of a run or sweep
+  qwen3exp diff RUN_A RUN_B               the keys that differ between two runs
+  qwen3exp relaunch RUN [overrides]       run a recorded run again and compare the losses
+  qwen3exp --version                      qwen3exp's, torchtitan's, torch's and hydra-core's versions
+  qwen3exp --hydra-help | --cfg job | --info | --shell-completion    Hydra's own answers
+"""
+
+DOCS = "Docs: the README shipped with qwen3exp (pip show -f qwen3exp), sections Configuration and Commands."
+
+
+def render(inv: Invocation) -> str:
+    from qwen3exp.config import schema
+
+    lines = [COMMANDS]
+    with Composer(inv.config_dir, inv.config_name) as c:
+        overrides = [o for o in inv.overrides if "=" in o]
+        lines.append("config groups (group=option; * the option of this composition):")
+        cfg = c.compose(overrides)
+        data, _ = experiment_data(cfg)
+        from omegaconf import OmegaConf
+
+        for group in GROUPS:
+            chosen = OmegaConf.select(cfg, f"hydra.runtime.choices.{group}", default=None)
+            options = [f"{o}*" if o == chosen else o for o in c.options(group, tuple(overrides))]
+            lines.append(f"  {group:<12} {', '.join(options)}")
+    lines.append("")
+    lines.append("keys (key=value: type, value in this composition; what it is):")
+    from qwen3exp.run import rundir
+
+    for key, value in rundir.flatten(data).items():
+        fld = schema.field_of(key, data)
+        kind = schema.type_name(fld.annotation) + _bounds(fld) if fld is not None else "?"
+        doc = schema.describe(key) or ""
+        shown = "null" if value is None else str(value)
+        lines.append(f"  {key} ({kind}) = {shown if len(shown) <= 60 else shown[:57] + '...'}")
+        if doc:
+            lines.append(f"      {doc}")
+    lines.append("")
+    lines.append(DOCS)
+    return "\n".join(lines)
+
+
+def _bounds(fld) -> str:
+    ops = (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+    found = [f"{op} {getattr(m, attr)}" for m in fld.metadata for attr, op in ops if getattr(m, attr, None) is not None]
+    return f" {' '.join(found)}" if found else ""
