@@ -119,10 +119,12 @@ def requeue_this_job() -> None:
         handler(signal.SIGUSR2, None)  # submitit's: checkpoint, requeue, sys.exit
     except SystemExit:
         # SLURM holds a requeued job back (BeginTime; 144 s measured here on 22.05); it may start
-        # again as soon as its nodes are free.
+        # again a few seconds from now. Not at once: a restart within the second of the requeue was
+        # refused by the nodes ("Job credential revoked", the job then ended without a result and
+        # the submitter waited for good; seen on the two-node test cluster).
         import os
 
-        subprocess.run(["scontrol", "update", f"JobId={os.environ['SLURM_JOB_ID']}", "StartTime=now"],
+        subprocess.run(["scontrol", "update", f"JobId={os.environ['SLURM_JOB_ID']}", "StartTime=now+5"],
                        check=False, capture_output=True, timeout=30)
         raise
     raise RuntimeError("submitit's pre-timeout handler returned without requeueing the job")
