@@ -437,7 +437,7 @@ def precheck(inv: Invocation) -> Master:
                 print(f"note: hydra.sweeper.params ({', '.join(p.split('=', 1)[0] for p in params)}) is a sweep; "
                       "this single run ignores it (add -m to sweep)", file=sys.stderr)
             params = []
-        cli_keys = {o.key_or_group for o in cli_sweeps} | {o.key_or_group for o in parsed}
+        cli_keys = {o.key_or_group for o in parsed}  # the command line's value for a key wins
         file_sweeps = [o for o in parse_overrides(params, config_loader=c.loader) if o.key_or_group not in cli_keys]
         sweeps = [*file_sweeps, *cli_sweeps]
         if sweeper == BASIC_SWEEPER and (search := [o for o in sweeps if sweep_values(o) is None]):

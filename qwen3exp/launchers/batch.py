@@ -384,20 +384,30 @@ def _submit(config, hydra_context, task_function, points: list[Point], jobs: lis
 
     if (down := slurm.controller_problem()) is not None:
         _refuse(ConfigError([down]))
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+
+    def submit(overrides: list, first: int) -> list:
+        print(f"qwen3exp: submitting {len(overrides)} SLURM job(s) through hydra-submitit-launcher; "
+              f"{'run' if len(points) == 1 and str(config.hydra.sweep.subdir) == '.' else 'sweep'} directory "
+              f"{sweep_dir}", flush=True)
+        inner = Submitit(**slurm.submitit_params(points[0].exp, sweep_dir))
+        inner.setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        return list(inner.launch(overrides, initial_job_idx=first))
+
+    return _handed_over(submit, points, jobs, cfgs)
+
+
+def _handed_over(launch_todo, points: list[Point], jobs: list, cfgs: list) -> list:
+    """The batch's returns when another Hydra launcher runs its jobs: `launch_todo(overrides,
+    first_index)` gets the jobs that are to run (none: not called); a job completed earlier is
+    skipped here. In the batch's order (an adaptive sweeper pairs each return with its trial)."""
     todo = [(p, j) for p, j in zip(points, jobs, strict=True) if j.state != sweep.DONE]
-    # In the batch's order (an adaptive sweeper pairs each return with its trial).
     returns: list[Any] = [_job_return(cfg, {"status": "completed", "skipped": True, "run_dir": p.run_dir})
                           if j.state == sweep.DONE else None for cfg, p, j in zip(cfgs, points, jobs, strict=True)]
     if not todo:
         return returns
-    sweep_dir = Path(str(config.hydra.sweep.dir))
-    print(f"qwen3exp: submitting {len(todo)} SLURM job(s) through hydra-submitit-launcher; "
-          f"{'run' if len(points) == 1 and str(config.hydra.sweep.subdir) == '.' else 'sweep'} directory {sweep_dir}",
-          flush=True)
-    inner = Submitit(**slurm.submitit_params(points[0].exp, sweep_dir))
-    inner.setup(hydra_context=hydra_context, task_function=task_function, config=config)
-    submitted = iter(inner.launch([p.overrides for p, _ in todo], initial_job_idx=todo[0][1].index))
-    return [r if r is not None else next(submitted) for r in returns]
+    done = iter(launch_todo([p.overrides for p, _ in todo], todo[0][1].index))
+    return [r if r is not None else next(done) for r in returns]
 
 
 def _in_parallel(config, hydra_context, task_function, points: list[Point], jobs: list, cfgs: list,
@@ -407,25 +417,22 @@ def _in_parallel(config, hydra_context, task_function, points: list[Point], jobs
     plans the job again and runs it like a local one."""
     from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
 
-    todo = [(p, j) for p, j in zip(points, jobs, strict=True) if j.state != sweep.DONE]
-    returns: list[Any] = [_job_return(cfg, {"status": "completed", "skipped": True, "run_dir": p.run_dir})
-                          if j.state == sweep.DONE else None for cfg, p, j in zip(cfgs, points, jobs, strict=True)]
-    if not todo:
-        return returns
-    print(f"qwen3exp: running {len(todo)} job(s), {n_jobs} at a time (hydra-joblib-launcher)", flush=True)
-    # max_nbytes=None: nothing is memory-mapped (a job gets a few override strings), so joblib makes no
-    # temporary folder in /dev/shm that would be left for its resource tracker to report at exit.
-    inner = JoblibLauncher(n_jobs=n_jobs, prefer="processes", max_nbytes=None)
-    inner.setup(hydra_context=hydra_context, task_function=task_function, config=config)
-    try:
-        done = iter(inner.launch([p.overrides for p, _ in todo], initial_job_idx=todo[0][1].index))
-    finally:
-        # joblib keeps its worker processes for reuse (loky's idle timeout is 300 s): they would
-        # outlive the sweep, holding its terminal and pipes. Nothing reuses them: stop them now.
-        from joblib.externals.loky import get_reusable_executor
+    def run_pool(overrides: list, first: int) -> list:
+        print(f"qwen3exp: running {len(overrides)} job(s), {n_jobs} at a time (hydra-joblib-launcher)", flush=True)
+        # max_nbytes=None: nothing is memory-mapped (a job gets a few override strings), so joblib
+        # makes no temporary folder in /dev/shm that would be left for its resource tracker at exit.
+        inner = JoblibLauncher(n_jobs=n_jobs, prefer="processes", max_nbytes=None)
+        inner.setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        try:
+            return list(inner.launch(overrides, initial_job_idx=first))
+        finally:
+            # joblib keeps its worker processes for reuse (loky's idle timeout is 300 s): they would
+            # outlive the sweep, holding its terminal and pipes. Nothing reuses them: stop them now.
+            from joblib.externals.loky import get_reusable_executor
 
-        get_reusable_executor().shutdown(wait=True)
-    return [r if r is not None else next(done) for r in returns]
+            get_reusable_executor().shutdown(wait=True)
+
+    return _handed_over(run_pool, points, jobs, cfgs)
 
 
 # ------------------------------------------------------------------------------------ in the job
