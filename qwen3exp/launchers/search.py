@@ -13,7 +13,8 @@ The points are not known before the sweeper runs, so:
 - a search with a storage (Optuna: `hydra.sweeper.storage`, e.g. SQLite in the sweep directory)
   continues when rerun into the same `hydra.sweep.dir` (`resume_overrides`): the trials it
   finished count towards `hydra.sweeper.n_trials` (the Optuna sweeper itself would run n_trials
-  more), trials left running by a stopped search are marked failed, and finished trials are never
+  more), trials left running by a stopped search are marked failed (only in a study in the sweep
+  directory, which the launch holds: a shared database is left alone), and finished trials are never
   run again (a seeded sampler is seeded past the trials so far, so it does not propose them again).
 """
 
@@ -162,8 +163,11 @@ def resume_overrides(master: Master, sweep_dir: Path) -> list[str]:
     except KeyError:  # no such study yet: a new search
         return []
     states = optuna.trial.TrialState
-    stale = [t for t in study.get_trials(deepcopy=False) if t.state == states.RUNNING]
-    for t in stale:  # left running by a stopped search (this launch holds the sweep directory)
+    # Trials left running are this search's own only when the study lives in the sweep directory,
+    # which this launch holds; a shared storage (a database other workers use) is left as it is.
+    owned = _inside(str(storage), sweep_dir)
+    stale = [t for t in study.get_trials(deepcopy=False) if t.state == states.RUNNING] if owned else []
+    for t in stale:  # left running by a stopped search
         study.tell(t.number, state=states.FAIL)
     finished = sum(t.state in (states.COMPLETE, states.PRUNED, states.FAIL) for t in study.get_trials(deepcopy=False))
     finished -= len(stale)
@@ -178,3 +182,11 @@ def resume_overrides(master: Master, sweep_dir: Path) -> list[str]:
         # spent on them). Seed it past the trials so far: still reproducible, no repeats.
         extra.append(f"hydra.sweeper.sampler.seed={seed + len(study.get_trials(deepcopy=False))}")
     return extra
+
+
+def _inside(storage: str, sweep_dir: Path) -> bool:
+    """An SQLite storage URL (`sqlite:///PATH`) whose file lies in the sweep directory."""
+    prefix = "sqlite:///"
+    if not storage.startswith(prefix):
+        return False
+    return Path(storage[len(prefix):]).resolve().is_relative_to(Path(sweep_dir).resolve())
