@@ -157,6 +157,8 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
         dump_folder=str(run_dir),
         metrics=JsonlMetricsProcessor.Config(
             log_freq=exp.metrics.log_freq,
+            # Every rank's log file is plain text; the launcher colours only its own lines, on a TTY.
+            disable_color_printing=True,
             enable_tensorboard=exp.metrics.tensorboard,
             enable_wandb=exp.metrics.wandb,
             jsonl_path=str(run_dir / rundir.METRICS),
