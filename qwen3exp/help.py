@@ -12,14 +12,16 @@ usage: qwen3exp [group=option ...] [key=value ...]     (python -m qwen3exp is th
 
   qwen3exp [overrides]                    compose, validate, plan, train (torchrun)
   qwen3exp dry_run=true [overrides]       the plan; nothing starts, nothing is written
+  qwen3exp -v [overrides]                 verbose=true: every line the ranks print (known warnings too)
   qwen3exp -m key=a,b [overrides]         a sweep (Hydra multirun); hydra/sweeper=optuna for a search
   qwen3exp -cd DIR ...                    add your own config folder (experiments, group options)
   qwen3exp init [DIR]                     a repository of experiments of your own
-  qwen3exp report PATH                    the table (and report.md/csv, loss.png) of a run or sweep
+  qwen3exp report PATH [PATH ...]         the table (and report.md/csv, plots) of runs, sweeps; compares runs
   qwen3exp diff RUN_A RUN_B               the keys that differ between two runs
   qwen3exp relaunch RUN [overrides]       run a recorded run again and compare the losses
   qwen3exp --version                      qwen3exp's, torchtitan's, torch's and hydra-core's versions
   qwen3exp --hydra-help | --cfg job | --info | --shell-completion    Hydra's own answers
+  eval "$(qwen3exp -sc install=bash)"     tab completion of groups and keys (the console script)
 """
 
 DOCS = "Docs: the README shipped with qwen3exp (pip show -f qwen3exp), sections Configuration and Commands."

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import yaml
@@ -14,9 +15,31 @@ from conftest import read_metrics, read_summary, read_validation, run_cli
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
+    """The default experiment, output captured (not a terminal); the warm-up derived from the steps."""
     run = tmp_path_factory.mktemp("cli") / "tiny"
-    r = run_cli("training.steps=12", "training.warmup_steps=2", f"hydra.run.dir={run}")
+    r = run_cli("training.steps=12", f"hydra.run.dir={run}", env={"NO_COLOR": ""})
     return run, r
+
+
+@pytest.fixture(scope="module")
+def verbose_run(tmp_path_factory):
+    """The most common smoke test, `training.steps=3` (its warm-up adapts), with `-v`."""
+    run = tmp_path_factory.mktemp("cli") / "verbose"
+    r = run_cli("-v", "training.steps=3", f"hydra.run.dir={run}")
+    return run, r
+
+
+def rank0_log(run) -> str:
+    """Rank 0's whole output (torchrun's stdout.log and stderr.log of local rank 0)."""
+    logs = sorted(p for p in (run / "logs").rglob("std*.log") if p.parent.name == "0")
+    assert [p.name for p in logs] == ["stderr.log", "stdout.log"]
+    return "".join(p.read_text() for p in logs)
+
+
+def silenced_in(text: str) -> set[str]:
+    from qwen3exp.run import noise
+
+    return {s.pattern for s in noise.SILENCED for line in text.splitlines() if noise.silenced(noise.parse(line).message) is s}
 
 
 def test_default_experiment_trains_on_two_ranks(trained):
@@ -44,9 +67,56 @@ def test_default_experiment_trains_on_two_ranks(trained):
     assert all(abs(v["val_perplexity"] - math.exp(v["val_loss"])) < 1e-6 * v["val_perplexity"] for v in val)
     assert s["val_loss"] == val[-1]["val_loss"] and s["first_val_loss"] == val[0]["val_loss"] and s["val_step"] == 12
     assert s["objective"] == {"metric": "val_loss", "direction": "minimize", "value": s["val_loss"]}
-    # The user sees torchtitan's per-step lines and one closing line.
-    assert "step: 12" in r.stdout and "loss:" in r.stdout
     assert f"qwen3exp: completed: {run}" in r.stdout
+
+
+def test_console_is_quiet_plain_and_shows_progress(trained):
+    """Captured output: no escape code anywhere (stdout, stderr, every log file), none of the known
+    non-actionable lines (they are in rank 0's log file), no torchtitan info line, one progress
+    line per step with i/N and an ETA, the outcome last; qwen3exp.log holds the plan, the command
+    and the outcome."""
+    run, r = trained
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    logs = [p for p in run.rglob("*.log")]
+    assert len(logs) >= 4  # qwen3exp.log and the ranks' stdout/stderr
+    for text in (r.stdout, r.stderr, *(p.read_text() for p in logs)):
+        assert "\x1b" not in text
+    known = silenced_in(rank0_log(run))
+    assert len(known) >= 7, known  # CPU: lspci, peak flops, DTensor, set_vital, ...
+    assert silenced_in(r.stdout) == set()
+    assert " - INFO - " not in r.stdout and "[titan]" not in r.stdout
+    lines = r.stdout.splitlines()
+    steps = [m for line in lines if (m := re.fullmatch(
+        r"qwen3exp: step (\d+)/12 \(\d+%\)  loss \d+\.\d{4}  .*elapsed \d+:\d\d  ETA (\d+:\d\d)", line))]
+    assert [int(m[1]) for m in steps] == list(range(1, 13)), r.stdout
+    assert steps[-1][2] == "0:00"
+    assert "qwen3exp: validation at step 10: loss" in r.stdout
+    assert "qwen3exp: training from step 1" in r.stdout and "qwen3exp: building the model (qwen3 tiny)" in r.stdout
+    assert re.search(r"not shown: \d+ known warnings, \d+ torchtitan info lines", r.stdout)
+    assert lines[-1].startswith(f"qwen3exp: completed: {run}  last loss ") and "val loss" in lines[-1]
+    log = (run / "qwen3exp.log").read_text()
+    assert "2 rank(s) on cpu" in log and "the plan of tiny_native:" in log and "training.steps  " in log
+    assert "[DEBUG] command: " in log and "qwen3exp.worker.main" in log
+    assert "qwen3exp: step 12/12" in log and f"qwen3exp: completed: {run}" in log
+
+
+def test_verbose_shows_every_line_and_three_steps_complete(verbose_run):
+    """`-v` (verbose=true) brings back every silenced line and torchtitan's own lines; verbose
+    changes nothing the run computes (not in the experiment's identity); 3 steps need no second
+    override (the warm-up adapts)."""
+    run, r = verbose_run
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    known = silenced_in(rank0_log(run))
+    assert len(known) >= 7 and silenced_in(r.stdout) == known
+    assert " - INFO - Training starts at step 1" in r.stdout and "step:  3" in r.stdout
+    assert "not shown:" not in r.stdout
+    s = read_summary(run)
+    assert s["steps_completed"] == 3 and s["status"] == "completed"
+    assert yaml.safe_load((run / "experiment.yaml").read_text())["verbose"] is True
+    from qwen3exp.run import rundir
+
+    exp = yaml.safe_load((run / "experiment.yaml").read_text())
+    assert rundir.experiment_hash(exp) == rundir.experiment_hash({**exp, "verbose": False})
 
 
 def test_run_directory_contract(trained):

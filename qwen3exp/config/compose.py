@@ -63,7 +63,7 @@ class Invocation:
         return [*argv, *self.info_flags, *self.overrides, *extra]
 
 
-_FLAG_ALLOWED = ("-m/--multirun, --config-dir/-cd DIR, --config-path/-cp DIR, --config-name/-cn NAME, "
+_FLAG_ALLOWED = ("-m/--multirun, -v/--verbose, --config-dir/-cd DIR, --config-path/-cp DIR, --config-name/-cn NAME, "
                  "--help, --hydra-help, --version, --info [all|config|defaults|...], --cfg job|hydra|all "
                  "[--package PKG] [--resolve], --shell-completion; everything else is key=value")
 
@@ -94,6 +94,8 @@ def parse_argv(argv: list[str]) -> Invocation:
             inv.multirun = True
         elif arg in ("-r", "--run"):
             pass  # run mode is the default
+        elif arg in ("-v", "--verbose"):
+            inv.overrides.append("verbose=true")  # the experiment key: every line the ranks print
         elif flag in ("--config-path", "-cp"):
             if (v := value(flag)) is not None:
                 inv.config_dir = Path(v).resolve()

@@ -599,6 +599,10 @@ class Experiment(_Strict):
     name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9._=,+-]+$")]
     """The run's name: one folder of the default run directory (outputs/<name>/<stamp>)."""
     dry_run: bool = False
+    """true: validate, print the plan and start nothing."""
+    verbose: bool = False
+    """true (or `-v`): the launcher shows every line rank 0 prints, also torchtitan's info lines and
+    the known warnings it leaves out by default (`qwen3exp.run.noise`). Changes nothing a run computes."""
     model: Model
     training: Training = Training()
     parallelism: Parallelism = Parallelism()

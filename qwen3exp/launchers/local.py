@@ -27,8 +27,9 @@ import os
 import shlex
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 
@@ -38,7 +39,7 @@ from qwen3exp.plan import model_files, tracking
 from qwen3exp.plan.build import Plan, Prepared, prepare as _prepare
 from qwen3exp.plan.placement import Placement
 from qwen3exp.platforms import PlatformFacts
-from qwen3exp.run import identity, objective, procs, provenance, rundir, timelimit
+from qwen3exp.run import console, identity, noise, objective, procs, progress, provenance, rundir, timelimit
 from qwen3exp.titan import job_config
 from qwen3exp.titan.overrides import merge_applied
 
@@ -208,25 +209,37 @@ class _StopSignals:
 
 
 def run_torchrun(argv: list[str], env: dict, stop_timeout_s: float, stop: _StopSignals,
-                 refusal: Path | None = None, deadline: float | None = None) -> int:
+                 refusal: Path | None = None, deadline: float | None = None,
+                 on_line: Callable[[str], None] | None = None, on_tick: Callable[[], None] | None = None) -> int:
     """Start torchrun (or srun) in its own session and supervise it until it and every process it
     started are gone; returns its exit code. `refusal`: the file a rank writes when torchtitan
     refuses the configuration; once it exists torchrun and its ranks are killed at once (no rank
     has trained: they all build the same config before the trainer, and a rank that got past it
     only waits for the others; `launcher.max_restarts` must not restart a configuration error, and
-    torchrun's own failure report would bury the message)."""
+    torchrun's own failure report would bury the message). `on_line`: called (from a reader thread)
+    with each line torchrun prints (rank 0's output, teed), instead of passing it to the terminal;
+    `on_tick`: called every 0.1 s while torchrun runs."""
     procs.become_subreaper()
     me = os.getpid()
     # Processes that were already ours before this run (e.g. of a test harness) are not touched.
     before = set(procs.descendants(me))
     if stop.signum is not None:  # a signal some library code swallowed during the preparation
         raise _Interrupted(stop.signum)
+    reader = None
     try:
-        stop.proc = subprocess.Popen(argv, env=env, start_new_session=True,
+        pipe = subprocess.PIPE if on_line is not None else None
+        stop.proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=pipe,
+                                     stderr=subprocess.STDOUT if pipe else None,
                                      preexec_fn=lambda: procs.die_with_parent(signal.SIGTERM, me))
+        if on_line is not None:
+            reader = threading.Thread(target=_read_lines, args=(stop.proc.stdout, on_line), daemon=True,
+                                      name="qwen3exp-torchrun-output")
+            reader.start()
         if stop.signum is not None:  # it came while torchrun was being started
             stop.stop_torchrun()
         while True:
+            if on_tick is not None:
+                on_tick()
             try:
                 return stop.proc.wait(timeout=0.1)
             except subprocess.TimeoutExpired:
@@ -244,6 +257,52 @@ def run_torchrun(argv: list[str], env: dict, stop_timeout_s: float, stop: _StopS
         procs.kill_tree(me, exclude=before)
         if stop.proc is not None:
             _kill_group(stop.proc.pid)
+        if reader is not None:  # the last lines torchrun printed come before the launcher's outcome
+            reader.join(timeout=5)
+
+
+def _read_lines(stream, on_line: Callable[[str], None]) -> None:
+    for raw in iter(stream.readline, b""):
+        try:
+            on_line(raw.decode("utf-8", errors="replace"))
+        except Exception as e:  # the console must never stop the launch
+            print(f"qwen3exp: could not show a rank's line: {type(e).__name__}: {e}", flush=True)
+    stream.close()
+
+
+class _Watch:
+    """What the person watching sees while torchrun runs: rank 0's lines through the noise filter
+    (`qwen3exp.run.noise`), the phases they announce and one line per logged step
+    (`qwen3exp.run.progress`, node 0 only: it holds the metrics rank)."""
+
+    def __init__(self, exp: Experiment, run_dir: Path, *, node_rank: int) -> None:
+        self.log = console.logger("qwen3exp.launch")
+        self.ranks = console.logger("qwen3exp.ranks")
+        self.filter = noise.RankFilter(verbose=exp.verbose)
+        self.progress = (progress.Progress(run_dir / rundir.METRICS, exp.training.steps, self.say)
+                         if node_rank == 0 else None)
+        self._phase: str | None = None
+
+    def say(self, text: str, live: bool) -> None:
+        self.log.info(text, extra=console.LIVE if live else None)
+
+    def line(self, raw: str) -> None:
+        line = noise.parse(raw)
+        phase = progress.phase_of(line)
+        if phase is not None and phase != self._phase:
+            self._phase = phase
+            self.say(f"qwen3exp: {phase}", True)
+        if self.filter.shows(line):
+            self.ranks.info(console.strip_ansi(raw.rstrip("\r\n")))
+
+    def tick(self) -> None:
+        if self.progress is not None:
+            self.progress.poll()
+
+    def finish(self) -> None:
+        self.tick()
+        if (hidden := self.filter.summary()) is not None:
+            self.log.info(f"qwen3exp: {hidden}")
 
 
 def _kill_group(pgid: int) -> None:
@@ -258,7 +317,13 @@ def _wait_until_free(run_dir: Path, timeout_s: float) -> None:
     """A relaunch must not train next to a previous launch's ranks (they may still be dying after
     their launcher was SIGKILLed): wait for them, then refuse."""
     deadline = time.monotonic() + timeout_s
+    said = False
     while busy := procs.workers_of(run_dir):
+        if not said:
+            console.logger("qwen3exp.launch").info(
+                f"qwen3exp: waiting up to {timeout_s:.0f}s for the previous launch's rank(s) "
+                f"{', '.join(map(str, busy))} in {run_dir} to end", extra=console.LIVE)
+            said = True
         if time.monotonic() > deadline:
             raise ConfigError([Problem(
                 "hydra.run.dir", str(run_dir), f"is in use by running process(es) {', '.join(map(str, busy))}",
@@ -295,7 +360,10 @@ def launch(plan: Plan, run_dir: Path, *, origin: provenance.Origin | None = None
     run_dir = Path(run_dir)
     if Path(plan.run_dir).resolve() != run_dir.resolve():
         raise ValueError(f"the plan was made for run directory {plan.run_dir}, not {run_dir}")
+    from qwen3exp.plan import render
+
     exp, where, facts = plan.exp, plan.placement, plan.platform
+    log = console.logger("qwen3exp.launch")
     start, started = time.monotonic(), time.time()
     resumed_from = None
     refusal = job_config.refusal_path(run_dir)
@@ -315,13 +383,23 @@ def launch(plan: Plan, run_dir: Path, *, origin: provenance.Origin | None = None
             env = rank_env(facts, run_dir)
             env.update(tracking.env(exp, run_dir, sweep_dir=origin.sweep_dir if origin else None))
             node = f"node {where.node_rank}/{where.nnodes} ({where.how}), " if where.nnodes > 1 else ""
-            print(f"qwen3exp: {exp.name}: {plan.mesh.world_size} rank(s) on {facts.name} "
-                  f"({facts.reason}); {node}run directory {run_dir}"
-                  + (f"; resuming from checkpoint step {resumed_from}" if resumed_from is not None else ""),
-                  flush=True)
+            log.info(f"qwen3exp: {exp.name}: {plan.mesh.world_size} rank(s) on {facts.name} "
+                     f"({facts.reason}); {node}run directory {run_dir}"
+                     + (f"; resuming from checkpoint step {resumed_from}" if resumed_from is not None else ""))
+            log.debug("%s", render.render(plan, title=f"the plan of {exp.name}:"))
+            for w in plan.warnings:
+                log.warning(f"qwen3exp: warning: {w}")
+            log.debug("command: %s", shlex.join(provenance.redact_argv(plan.command)))
+            if where.nnodes > 1:
+                log.info(f"qwen3exp: waiting for {where.nnodes} node(s) to join the rendezvous "
+                         f"(up to launcher.rdzv_timeout_s={exp.launcher.rdzv_timeout_s:g}s)", extra=console.LIVE)
+            else:
+                log.info(f"qwen3exp: starting {plan.mesh.world_size} rank(s)", extra=console.LIVE)
+            watch = _Watch(exp, run_dir, node_rank=where.node_rank)
             start = time.monotonic()
             code = run_torchrun(plan.command, env, exp.launcher.stop_timeout_s, stop, refusal,
-                                deadline=_time_limit_deadline(exp))
+                                deadline=_time_limit_deadline(exp), on_line=watch.line, on_tick=watch.tick)
+            watch.finish()
         except _Interrupted:
             code = None
     wall = time.monotonic() - start
@@ -344,6 +422,7 @@ def launch(plan: Plan, run_dir: Path, *, origin: provenance.Origin | None = None
                      else f"torchrun exited with code {code}"))
     export = None
     if status == "completed" and exp.checkpoint.kind in ("hf_export", "hf_roundtrip"):
+        log.info("qwen3exp: completing and verifying the Hugging Face export", extra=console.LIVE)
         export = finish_export(plan, run_dir)
         if not export["ok"]:
             status, exit_code, error = "failed", 1, f"the Hugging Face export does not verify: {export['error']}"
@@ -354,9 +433,16 @@ def launch(plan: Plan, run_dir: Path, *, origin: provenance.Origin | None = None
     summary = summarize(plan, run_dir, exit_code=exit_code, status=status, wall=wall, error=error,
                         resumed_from=resumed_from, export=export,
                         extra={"attempts": [*earlier, this]} if where.node_rank == 0 else None)
-    last = summary["last_loss"]
-    print(f"qwen3exp: {status}: {run_dir}  last loss {last if last is None else f'{last:.4f}'}  "
-          f"wall {wall:.1f}s" + (f"\n  error: {error}" if error else ""), flush=True)
+    last, val = summary["last_loss"], summary["val_loss"]
+    outcome = (f"qwen3exp: {status}: {run_dir}  last loss {last if last is None else f'{last:.4f}'}"
+               + (f"  val loss {val:.4f}" if val is not None else "") + f"  wall {wall:.1f}s"
+               + (f"\n  error: {error}" if error else ""))
+    if status == "completed":
+        log.info(outcome, extra=console.GOOD)
+    elif status == "failed":
+        log.error(outcome)
+    else:  # interrupted, requeued, stopped at the time limit
+        log.warning(outcome)
     return summary
 
 

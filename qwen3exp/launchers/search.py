@@ -104,7 +104,7 @@ def check_space(master: Master, inv: Invocation) -> list:
             task = [o for o in overrides if not (o.startswith("hydra.") or o.startswith("hydra/"))]
             label = " ".join(o for o in task[-len(master.sweeps):]) if master.sweeps else "(no swept key)"
             # A trial's folder is named by its overrides, like any sweep job's.
-            folder = safe_dirname(",".join(sorted(o for o in task if o != "dry_run=true")))
+            folder = safe_dirname(",".join(sorted(o for o in task if o.split("=", 1)[0] not in IDENTITY_IGNORES)))
             try:
                 cfg = c.compose([*overrides, "hydra.sweeper.params=null"])
                 points.append(check_job(cfg, files, task, context=f"representative point {i + 1} [{label}]",

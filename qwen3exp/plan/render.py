@@ -34,11 +34,12 @@ def _count(n: int) -> str:
     return f"{n:,}"
 
 
-def render(plan, provenance_diff=None) -> str:
+def render(plan, provenance_diff=None, *, title: str | None = None) -> str:
+    """The plan as text; `title`: the first line (default: the dry run's)."""
     lines: list[str] = []
     add = lines.append
     banner = [f"!!! WARNING: {w}" for w in plan.warnings]
-    add(f"qwen3exp dry run: {plan.name}   (nothing was started; no model memory was allocated)")
+    add(title or f"qwen3exp dry run: {plan.name}   (nothing was started; no model memory was allocated)")
     lines += banner
     add(f"  overrides:     {' '.join(plan.overrides) or '(none)'}")
     add(f"  run directory: {plan.run_dir}")

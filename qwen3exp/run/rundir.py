@@ -151,7 +151,7 @@ def truncate_metrics(run_dir: Path, last_step: int) -> None:
     atomic_write_text(run_dir / METRICS, "".join(json.dumps(r) + "\n" for r in rows))
 
 
-IDENTITY_IGNORES = ("dry_run",)
+IDENTITY_IGNORES = ("dry_run", "verbose")
 """Top-level keys that do not change what a run computes (left out of the experiment hash)."""
 
 

@@ -140,6 +140,11 @@ def verify(folder: Path, *, tied: bool) -> dict:
     """Load the folder with AutoModelForCausalLM; the report goes into summary.json as `export`."""
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    # The launcher's console stays quiet (qwen3exp.run.noise): the progress bar of this check's own
+    # load says nothing a person acts on.
+    hf_logging.disable_progress_bar()
 
     report: dict = {"path": str(folder), "ok": False, "missing_keys": None, "unexpected_keys": None,
                     "mismatched_keys": None, "error": None}

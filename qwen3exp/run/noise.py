@@ -1,0 +1,123 @@
+"""What the launcher does not show of the ranks' output, and why: the one place that silences lines.
+
+torchrun tees rank 0's output (stdout and stderr) to the launcher, which shows it through its
+console (`qwen3exp.run.console`). By default it leaves out
+- torchtitan's INFO lines: setup and step lines, which qwen3exp's own progress and phase lines
+  replace (`qwen3exp.run.progress`);
+- the known warnings in `SILENCED` below, each with the reason nobody needs to act on it.
+Everything else (any other warning, every error, every traceback) is shown. `verbose=true` (or
+`-v`) shows every line. Nothing is lost either way: every rank's whole output is in the run
+directory's `logs/` (torchrun's per-rank stdout.log / stderr.log), and the end of the launch says
+how many lines were left out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+_TEE = re.compile(r"^\[(?:default|rank)\d+\]:")
+_TITAN = re.compile(r"^\[titan\] \S+ \S+ - (?P<logger>\S+) - (?P<level>[A-Z]+) - (?P<message>.*)$")
+_PYWARNING = re.compile(r"^\S.*:\d+: (?P<category>\w*Warning): (?P<message>.*)$")
+
+
+@dataclass(frozen=True)
+class Silenced:
+    """A known line nobody can act on: `pattern` (searched in the line's message), who prints it,
+    and why it is left out."""
+
+    pattern: str
+    source: str
+    reason: str
+
+
+# The known non-actionable lines (torch, torchtitan, torchdata, transformers), on CPU, CUDA and the
+# Transformers backend. A Python warning's source line (the indented line after it) goes with it.
+SILENCED: tuple[Silenced, ...] = (
+    Silenced(r"initial_load_model_only=True has no effect without an initial_load_path", "torchtitan",
+             "torchtitan's default for its loader; qwen3exp sets initial_load_path exactly when the checkpoint "
+             "kind loads weights, and the plan says where they come from"),
+    Silenced(r"ENV\[TORCH_NCCL_ASYNC_ERROR_HANDLING\]", "torchtitan",
+             "torchtitan sets the variable from its own job config, as intended"),
+    Silenced(r"Error running lspci", "torchtitan",
+             "torchtitan's device-name probe; the platform line names the device"),
+    Silenced(r"Peak flops undefined for", "torchtitan",
+             "no known peak FLOPS for this device (CPU): MFU is recorded as null, not against an A100"),
+    Silenced(r"model\.safetensors\.index\.json not found at hf_assets_path", "torchtitan",
+             "qwen3exp completes the export itself (one file, or shards by checkpoint.max_shard_mb)"),
+    Silenced(r"CUDA graph capture is only supported on NVIDIA CUDA", "torchtitan",
+             "on CPU and Neuron the steps run eagerly, as intended"),
+    Silenced(r"Config field value of type \S+ may not be JSON serializable", "torchtitan",
+             "torchtitan's config printer; qwen3exp writes torchtitan_config.json itself"),
+    Silenced(r"DTensor random operators may not have complete support on cpu device mesh", "torch",
+             "the CPU mesh's random ops are only used for initialisation, seeded by training.seed"),
+    Silenced(r"DTensor manual_seed\(\) may not have complete support on cpu device mesh", "torch",
+             "as above: seeding on a CPU mesh works for what the run needs"),
+    Silenced(r"'set_vital' is deprecated", "torchdata",
+             "torchdata's StatefulDataLoader calls a deprecated torch API on its own"),
+    Silenced(r"^(Loading weights|Loading checkpoint shards)\b.*\d+/\d+", "transformers",
+             "a progress bar; qwen3exp says when weights load"),
+)
+_COMPILED = tuple((re.compile(s.pattern), s) for s in SILENCED)
+
+
+@dataclass(frozen=True)
+class RankLine:
+    """One line of a rank's output, parsed: torchtitan's log format, a Python warning, or other."""
+
+    text: str
+    """The line without torchrun's `[default0]:` prefix."""
+    level: str | None
+    """torchtitan's log level (INFO, WARNING, ...), `WARNING` for a Python warning, None otherwise."""
+    message: str
+    kind: str = "other"
+    """"titan" (torchtitan's log format), "warning" (a Python warning) or "other"."""
+
+
+def parse(line: str) -> RankLine:
+    text = _TEE.sub("", line.rstrip("\r\n"), count=1)
+    if m := _TITAN.match(text):
+        return RankLine(text, m["level"], m["message"], "titan")
+    if m := _PYWARNING.match(text):
+        return RankLine(text, "WARNING", f"{m['category']}: {m['message']}", "warning")
+    return RankLine(text, None, text)
+
+
+def silenced(message: str) -> Silenced | None:
+    """The SILENCED entry for a message, or None."""
+    return next((s for rx, s in _COMPILED if rx.search(message)), None)
+
+
+class RankFilter:
+    """Decides, line by line, what of the ranks' output is shown (see the module docstring) and
+    counts what is not."""
+
+    def __init__(self, *, verbose: bool) -> None:
+        self.verbose = verbose
+        self.hidden: Counter[str] = Counter()
+        self._source_line_of_hidden_warning = False
+
+    def shows(self, line: RankLine) -> bool:
+        follows_hidden = self._source_line_of_hidden_warning
+        self._source_line_of_hidden_warning = False
+        if self.verbose:
+            return True
+        if follows_hidden and line.kind == "other" and line.text.startswith("  "):
+            self.hidden["known warnings"] += 1
+            return False
+        if line.level == "INFO":
+            self.hidden["torchtitan info lines"] += 1
+            return False
+        if silenced(line.message) is not None:
+            self.hidden["known warnings"] += 1
+            self._source_line_of_hidden_warning = line.kind == "warning"
+            return False
+        return True
+
+    def summary(self) -> str | None:
+        """One line on what was left out, or None."""
+        if not self.hidden:
+            return None
+        parts = ", ".join(f"{n} {what}" for what, n in sorted(self.hidden.items()))
+        return f"not shown: {parts} of rank 0 (verbose=true shows them; every rank's output is in logs/)"

@@ -1,0 +1,138 @@
+"""What the ranks are doing, for the person watching: phases while they start, and one line per
+logged step.
+
+- Phases ("building the model", "loading weights from ...", "compiling", "saving the last-step
+  checkpoint", ...) come from the lines rank 0 logs (`PHASES`, matched on torchtitan's message);
+  they are live lines: rewritten in place on a terminal, one line each in a file.
+- Step lines come from metrics.jsonl, the structured record the metrics rank appends
+  (`qwen3exp.titan.metrics`), read as it grows:
+  `step 12/30 (40%)  loss 6.8123  val 6.9021  4,816 tok/s  0.97 GiB  elapsed 0:14  ETA 0:21`.
+  The ETA is the remaining steps at the pace measured since the first step this launch saw (the
+  first step's own time before that); a validation row adds its own line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from qwen3exp.run.noise import RankLine
+
+PHASES: tuple[tuple[str, str], ...] = (
+    (r"^Building device mesh with parallelism: (?P<a>.*)$", "setting up the device mesh ({a})"),
+    (r"^Building (?P<a>\S+) (?P<b>\S+)$", "building the model ({a} {b})"),
+    (r"^Compiling ", "compiling with torch.compile (the first steps take longer)"),
+    (r"^Loading (?:from )?HF safetensors from [^:]*: (?P<a>.+)$", "loading weights from {a}"),
+    (r"^Loading the checkpoint from (?P<a>.+?)\.?$", "loading the checkpoint {a}"),
+    (r"^Preparing (?!\S*validation)\S+ dataset from (?P<a>.+)$", "preparing the data ({a})"),
+    (r"^Training starts at step (?P<a>\d+)", "training from step {a}"),
+    (r"^Saving a (?:model only|full) checkpoint .*at last step", "saving the last-step checkpoint"),
+    (r"^Saving the checkpoint", "saving a checkpoint"),
+    (r"^Training completed", "training completed; the ranks are closing their files"),
+)
+_PHASES = tuple((re.compile(rx), text) for rx, text in PHASES)
+
+
+def phase_of(line: RankLine) -> str | None:
+    """What a torchtitan INFO line says the ranks are doing now, or None."""
+    if line.kind != "titan" or line.level != "INFO":
+        return None
+    for rx, text in _PHASES:
+        if m := rx.search(line.message):
+            return text.format(**m.groupdict())
+    return None
+
+
+def clock(seconds: float | None) -> str:
+    """0:07, 12:30, 1:02:03; `?` when unknown."""
+    if seconds is None or seconds != seconds or seconds < 0:
+        return "?"
+    s = int(round(seconds))
+    h, rest = divmod(s, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+class Progress:
+    """Reads metrics.jsonl as it grows (`poll`) and says each new row through `say(text, live)`."""
+
+    def __init__(self, metrics: Path, total_steps: int, say: Callable[[str, bool], None],
+                 *, now: Callable[[], float] = time.monotonic) -> None:
+        self.path = Path(metrics)
+        self.total = total_steps
+        self.say = say
+        self.now = now
+        self.started = now()
+        self._offset = 0
+        self._partial = ""
+        self._first: tuple[int, float] | None = None  # (step, when seen) of the first row of this launch
+        self.val_loss: float | None = None
+        self.last_step: int | None = None
+
+    def poll(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except OSError:
+            return
+        if not chunk:
+            return
+        self._offset += len(chunk)
+        text = self._partial + chunk.decode("utf-8", errors="replace")
+        *lines, self._partial = text.split("\n")
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int):
+                self._row(row)
+
+    def _row(self, row: dict) -> None:
+        step = row["step"]
+        if "val_loss" in row and "loss" not in row:
+            self.val_loss = row["val_loss"]
+            ppl = row.get("val_perplexity")
+            self.say(f"qwen3exp: validation at step {step}: loss {_num(row['val_loss'])}"
+                     + (f", perplexity {ppl:,.1f}" if isinstance(ppl, int | float) else ""), False)
+            return
+        now = self.now()
+        if self._first is None:
+            self._first = (step, now)
+        self.last_step = step
+        self.say(self.line(row, now), True)
+
+    def eta(self, step: int, now: float, step_seconds: float | None) -> float | None:
+        assert self._first is not None
+        first_step, first_seen = self._first
+        if step > first_step:
+            pace = (now - first_seen) / (step - first_step)
+        elif isinstance(step_seconds, int | float):
+            pace = float(step_seconds)
+        else:
+            return None
+        return max(0, self.total - step) * pace
+
+    def line(self, row: dict, now: float) -> str:
+        step = row["step"]
+        parts = [f"step {step}/{self.total} ({100 * step // max(1, self.total)}%)",
+                 f"loss {_num(row.get('loss'))}"]
+        if self.val_loss is not None:
+            parts.append(f"val {_num(self.val_loss)}")
+        if isinstance(tps := row.get("tokens_per_second"), int | float):
+            parts.append(f"{tps:,.0f} tok/s")
+        if isinstance(mem := row.get("memory_gib"), int | float):
+            parts.append(f"{mem:.2f} GiB")
+        if isinstance(mfu := row.get("mfu"), int | float):
+            parts.append(f"MFU {mfu:.1f}%")
+        parts.append(f"elapsed {clock(now - self.started)}")
+        parts.append(f"ETA {clock(self.eta(step, now, row.get('step_seconds')))}")
+        return "qwen3exp: " + "  ".join(parts)
+
+
+def _num(v) -> str:
+    return f"{v:.4f}" if isinstance(v, int | float) else "n/a"

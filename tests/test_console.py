@@ -1,0 +1,146 @@
+"""The launcher's console in pieces: the noise filter (`qwen3exp.run.noise`), the progress lines
+(`qwen3exp.run.progress`) and the terminal handler (`qwen3exp.run.console`). The whole of it runs
+in tests/test_cli.py (a real training, output captured, and with -v)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import pytest
+
+from qwen3exp.run import console, noise, progress
+
+# Lines rank 0 printed in real runs on this machine (CPU, native and Transformers backends), with
+# torchrun's prefix.
+REAL = [
+    "[default0]:[titan] 2026-12-01 18:29:14,452 - root - WARNING - initial_load_model_only=True has no effect "
+    "without an initial_load_path.",
+    "[default0]:[titan] 2026-12-01 18:29:14,458 - root - WARNING - ENV[TORCH_NCCL_ASYNC_ERROR_HANDLING] = 1 will "
+    "be overridden to 3 based on job config",
+    "[default0]:[titan] 2026-12-01 18:29:14,595 - root - WARNING - Error running lspci: [Errno 2] No such file or "
+    "directory: 'lspci', fallback to use device_name",
+    "[default0]:[titan] 2026-12-01 18:29:14,595 - root - WARNING - Peak flops undefined for: AMD EPYC, fallback to A100",
+    "[default0]:[titan] 2026-12-01 18:29:15,082 - root - WARNING - model.safetensors.index.json not found at "
+    "hf_assets_path: /x/model.safetensors.index.json.                     Defaulting to saving a single file",
+    "[default0]:[titan] 2026-12-01 18:29:15,083 - root - WARNING - CUDA graph capture is only supported on NVIDIA "
+    "CUDA; using eager execution.",
+    "[default0]:[titan] 2026-12-01 18:34:15,681 - torchtitan.config.configurable - WARNING - Config field value of "
+    "type dtype may not be JSON serializable",
+    "[default0]:/v/lib/python3.11/site-packages/torch/distributed/tensor/_random.py:76: UserWarning: DTensor random "
+    "operators may not have complete support on cpu device mesh",
+    "[default0]:/v/lib/python3.11/site-packages/torchtitan/distributed/utils.py:311: UserWarning: DTensor "
+    "manual_seed() may not have complete support on cpu device mesh",
+    "[default0]:/v/lib/python3.11/site-packages/torchdata/stateful_dataloader/stateful_dataloader.py:379: "
+    "UserWarning: 'set_vital' is deprecated, please do not call",
+    "Loading weights:   0%|          | 0/24 [00:00<?, ?it/s]Loading weights: 100%|##########| 24/24 [00:00<00:00]",
+]
+
+
+def test_every_silenced_entry_matches_a_real_line_and_has_a_reason():
+    matched = {noise.silenced(noise.parse(line).message).pattern for line in REAL}
+    assert matched == {s.pattern for s in noise.SILENCED}
+    assert all(len(s.reason) > 20 and s.source for s in noise.SILENCED)
+
+
+def test_filter_hides_known_lines_and_info_but_shows_the_rest():
+    f = noise.RankFilter(verbose=False)
+    shown = [line for line in [
+        REAL[7], "[default0]:  if not is_rng_supported_mesh(device_mesh):",  # the warning's source line
+        "[default0]:[titan] 2026-12-01 18:29:14,485 - root - INFO - Building device mesh with parallelism: pp=1",
+        "[default0]:[titan] 2026-12-01 18:29:14,485 - root - WARNING - Something new happened",
+        "[default0]:/x/y.py:3: FutureWarning: an unknown warning",
+        "[default0]:  its source line",
+        "[default0]:Traceback (most recent call last):",
+        "[default0]:  File \"/x/y.py\", line 3, in <module>",
+        "[default0]:RuntimeError: boom",
+    ] if f.shows(noise.parse(line))]
+    assert shown == [
+        "[default0]:[titan] 2026-12-01 18:29:14,485 - root - WARNING - Something new happened",
+        "[default0]:/x/y.py:3: FutureWarning: an unknown warning",
+        "[default0]:  its source line",
+        "[default0]:Traceback (most recent call last):",
+        "[default0]:  File \"/x/y.py\", line 3, in <module>",
+        "[default0]:RuntimeError: boom",
+    ]
+    assert f.hidden == {"known warnings": 2, "torchtitan info lines": 1}
+    assert "2 known warnings, 1 torchtitan info lines" in f.summary()
+    verbose = noise.RankFilter(verbose=True)
+    assert all(verbose.shows(noise.parse(line)) for line in REAL) and verbose.summary() is None
+
+
+def test_phases_from_torchtitan_lines():
+    def phase(message):
+        return progress.phase_of(noise.parse(f"[default0]:[titan] 2026-12-01 18:29:14,485 - root - INFO - {message}"))
+
+    assert phase("Building qwen3 tiny") == "building the model (qwen3 tiny)"
+    assert phase("Loading from HF safetensors from --checkpoint.initial_load_path: /w/m") == "loading weights from /w/m"
+    assert phase("Compiling each TransformerBlock with torch.compile").startswith("compiling")
+    assert phase("Training starts at step 7") == "training from step 7"
+    assert phase("Preparing qwen3exp_validation dataset from /c") is None
+    assert phase("Preparing qwen3exp_local dataset from /c") == "preparing the data (/c)"
+    assert phase("Applied FSDP to the model") is None
+
+
+def test_progress_lines_with_eta(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    said: list[tuple[str, bool]] = []
+    clock = iter([100.0, 102.0, 104.0, 106.0, 108.0]).__next__
+    p = progress.Progress(metrics, 10, lambda text, live: said.append((text, live)), now=clock)
+    p.poll()  # no file yet
+    row = {"loss": 7.5, "tokens_per_second": 4816.2, "memory_gib": 0.97, "mfu": None, "step_seconds": 1.5}
+    with metrics.open("w") as f:
+        f.write(json.dumps({"step": 1, **row}) + "\n")
+        f.write(json.dumps({"step": 1, "val_loss": 7.25, "val_perplexity": 1408.1}) + "\n")
+        f.write(json.dumps({"step": 2, **row})[:20])  # a row being written
+    p.poll()
+    with metrics.open("a") as f:
+        f.write(json.dumps({"step": 2, **row})[20:] + "\n")
+    p.poll()
+    assert said[0] == ("qwen3exp: step 1/10 (10%)  loss 7.5000  4,816 tok/s  0.97 GiB  elapsed 0:02  ETA 0:14", True)
+    assert said[1] == ("qwen3exp: validation at step 1: loss 7.2500, perplexity 1,408.1", False)
+    # 2 s between the two steps seen: 8 steps left, 16 s
+    assert said[2] == ("qwen3exp: step 2/10 (20%)  loss 7.5000  val 7.2500  4,816 tok/s  0.97 GiB  elapsed 0:04  "
+                       "ETA 0:16", True)
+    assert progress.clock(3725) == "1:02:05" and progress.clock(None) == "?"
+
+
+def _record(text, **extra):
+    return logging.LogRecord("qwen3exp.launch", logging.INFO, __file__, 1, text, None, None) if not extra else \
+        logging.makeLogRecord({"name": "qwen3exp.launch", "levelno": logging.INFO, "levelname": "INFO",
+                               "msg": text, **extra})
+
+
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("no_color", [None, "1"])
+def test_terminal_live_line_and_colour(monkeypatch, no_color):
+    if no_color is None:
+        monkeypatch.delenv("NO_COLOR", raising=False)
+    else:
+        monkeypatch.setenv("NO_COLOR", no_color)
+    out = _Tty()
+    h = console.ConsoleHandler(stream=out)
+    h.emit(_record("qwen3exp: step 1/2", live=True))
+    h.emit(_record("qwen3exp: step 2/2", live=True))
+    h.emit(_record("qwen3exp: completed", tone="good"))
+    text = out.getvalue()
+    assert text.count("\r\x1b[K") == 2 and text.index("step 2/2") < text.index("\n") < text.index("completed")
+    if no_color:
+        assert "\x1b[3" not in text
+    else:
+        assert "\x1b[32mqwen3exp: completed" in text
+
+
+def test_pipe_gets_plain_lines_only(monkeypatch):
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    out = io.StringIO()
+    h = console.ConsoleHandler(stream=out)
+    h.emit(_record("qwen3exp: step 1/2", live=True))
+    h.emit(_record("\x1b[31mred from a library\x1b[39m"))
+    h.emit(_record("qwen3exp: failed", tone="good"))
+    assert out.getvalue() == "qwen3exp: step 1/2\nred from a library\nqwen3exp: failed\n"
