@@ -21,7 +21,8 @@ REAL = [
     "be overridden to 3 based on job config",
     "[default0]:[titan] 2026-12-01 18:29:14,595 - root - WARNING - Error running lspci: [Errno 2] No such file or "
     "directory: 'lspci', fallback to use device_name",
-    "[default0]:[titan] 2026-12-01 18:29:14,595 - root - WARNING - Peak flops undefined for: AMD EPYC, fallback to A100",
+    "[default0]:[titan] 2026-12-01 18:29:14,595 - root - WARNING - Peak flops undefined for: AMD EPYC, "
+    "fallback to A100",
     "[default0]:[titan] 2026-12-01 18:29:15,082 - root - WARNING - model.safetensors.index.json not found at "
     "hf_assets_path: /x/model.safetensors.index.json.                     Defaulting to saving a single file",
     "[default0]:[titan] 2026-12-01 18:29:15,083 - root - WARNING - CUDA graph capture is only supported on NVIDIA "

@@ -290,5 +290,5 @@ def test_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert "1 failed, 1 completed" in tail.splitlines()[0]
     assert f"#2 {failed}: rank" in tail  # ranked: the completed run first
     assert "resume (runs only the 1 unfinished job(s))" in tail
-    assert len(list(done.glob("tb/*/wandb/offline-run-*"))) == 1
+    assert len(list(done.glob("wandb/offline-run-*"))) == 1 and not list(done.glob("tb/*/wandb"))
     assert len(list(done.glob("tb/*/events.out.tfevents.*"))) == 1

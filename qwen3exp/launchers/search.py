@@ -25,6 +25,7 @@ from pathlib import Path
 
 from qwen3exp.config.compose import Invocation, Master, parse_overrides, representative_values
 from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError, Problem
+from qwen3exp.run.rundir import IDENTITY_IGNORES
 
 OPTUNA = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
 

@@ -1,10 +1,13 @@
 """Experiment trackers: TensorBoard (on by default, event files in the run directory) and
 Weights & Biases (opt-in, `metrics.wandb=true`).
 
-torchtitan creates both loggers on the metrics rank. When the W&B logger cannot start (package
-missing, not logged in) torchtitan logs one line and trains on without it, so the run silently has
-no W&B record: `check()` turns both cases into configuration errors before anything starts.
-`env()` names the W&B run after the experiment and groups a sweep's runs.
+Both loggers live on the metrics rank (`qwen3exp.titan.metrics`). When torchtitan's own W&B logger
+could not start (package missing, not logged in) it logged one line and trained on without it, so
+the run silently had no W&B record; qwen3exp's fails the rank instead, and `check()` turns both
+cases into configuration errors before anything starts.
+`env()` names the W&B run after the experiment and groups a sweep's runs; in the ranks the
+trackers (`qwen3exp.titan.trackers`) give the W&B run the experiment as its config, a sweep job's
+overrides as its tags and the run directory's `wandb/` folder for its files.
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ def _netrc_has(host: str | None) -> bool:
 
 
 def env(exp: Experiment, run_dir: Path, *, sweep_dir: str | None = None) -> dict[str, str]:
-    """Environment for the ranks (values the user already set win)."""
+    """Environment for the ranks (values the user already set win): WANDB_PROJECT, WANDB_RUN_NAME
+    and, for a sweep job, WANDB_RUN_GROUP, read in the ranks as torchtitan's W&B logger reads them."""
     if not exp.metrics.wandb:
         return {}
     out = {"WANDB_PROJECT": exp.metrics.wandb_project,

@@ -77,7 +77,8 @@ class ConsoleHandler(logging.Handler):
                     if ConsoleHandler._live_shown:
                         out.write("\n" if tty else "")
                         ConsoleHandler._live_shown = False
-                    tone = getattr(record, "tone", None) or (record.levelno if record.levelno >= logging.WARNING else None)
+                    tone = getattr(record, "tone", None) or (
+                        record.levelno if record.levelno >= logging.WARNING else None)
                     out.write(_paint(text if colour else strip_ansi(text), tone, colour) + "\n")
                 out.flush()
         except Exception:

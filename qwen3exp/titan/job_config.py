@@ -163,6 +163,8 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
             enable_wandb=exp.metrics.wandb,
             jsonl_path=str(run_dir / rundir.METRICS),
             peak_flops_known=facts.peak_flops_per_rank is not None,
+            # The trackers read the recorded experiment and its origin here; W&B writes to wandb/.
+            run_dir=str(run_dir),
         ),
         dataloader=HuggingFaceTextDataLoader.Config(
             dataset=dataset.register(str(data), text_field, held_out_fraction=exp.validation.held_out),

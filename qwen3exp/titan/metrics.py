@@ -1,5 +1,6 @@
 """Structured metrics: torchtitan's MetricsProcessor with one more logger that appends one JSON
-object per logged step to the run directory's metrics.jsonl (no scraping of colored log lines).
+object per logged step to the run directory's metrics.jsonl (no scraping of colored log lines),
+and with TensorBoard and W&B loggers that know the experiment (`qwen3exp.titan.trackers`).
 
 Every line is strict JSON: a non-finite number (NaN, +-inf: a diverged loss, an overflowing grad
 norm) is written as null and its key is listed in the row's `nonfinite` (present only then), e.g.
@@ -16,8 +17,11 @@ import json
 import math
 import os
 from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
 
 from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor, _get_metrics_rank
+from torchtitan.tools.logging import logger
 
 
 def finite_row(row: dict) -> dict:
@@ -72,21 +76,72 @@ class JsonlLogger(BaseLogger):
 
 
 class JsonlMetricsProcessor(MetricsProcessor):
+    """torchtitan's MetricsProcessor with qwen3exp's loggers on the metrics rank: metrics.jsonl,
+    and, in place of torchtitan's own, the trackers that know the experiment
+    (`qwen3exp.titan.trackers`: W&B config, tags and files in the run directory; TensorBoard
+    hparams).
+
+    MFU where the peak FLOPS is unknown (CPU: `peak_flops_known` false): torchtitan divides by a
+    fallback peak (an A100's), a number that means nothing. The processor then passes torchtitan's
+    own switch for "this MFU would mislead", `has_quantization` (in torchtitan 0.3.0 it does nothing
+    but that: `MetricsProcessor.log` computes mfu=None), so no sink gets `mfu(%)` (metrics.jsonl
+    writes null, TensorBoard and W&B have no mfu series) and torchtitan's log line shows `mfu: N/A`.
+    The tracker tests (tests/test_trackers.py) check that TensorBoard has no mfu on CPU, so a
+    torchtitan that gave the switch another meaning would show there."""
+
     @dataclass(kw_only=True, slots=True)
     class Config(MetricsProcessor.Config):
         jsonl_path: str = ""
         """Where the metrics rank appends one JSON object per logged step."""
         peak_flops_known: bool = True
         """False where torchtitan's MFU uses a fallback peak (CPU): mfu is then recorded as null."""
+        run_dir: str = ""
+        """The run directory: the trackers read experiment.yaml and provenance.json there, W&B
+        writes its files to its `wandb/` folder. Empty: torchtitan's dump_folder."""
 
-    def _build_metric_logger(self, *, config, parallel_dims, pp_schedule, **kwargs) -> BaseLogger:
+    def __init__(self, config: Config, *, has_quantization: bool = False, **kwargs):
+        super().__init__(config, has_quantization=has_quantization or not config.peak_flops_known, **kwargs)
+
+    def _build_metric_logger(self, *, config, parallel_dims, dump_folder, pp_schedule, ft_enable=False,
+                             ft_replica_id=0, config_dict=None, tag=None) -> BaseLogger:
+        """The loggers of this rank: the trackers where torchtitan would put its own (the metrics
+        rank, or every rank with save_for_all_ranks), metrics.jsonl on the metrics rank.
+        (`config_dict`, torchtitan's Trainer.Config as a dict, is not used: W&B gets the experiment.)"""
         import torch.distributed as dist
 
-        inner = MetricsProcessor._build_metric_logger(
-            self, config=config, parallel_dims=parallel_dims, pp_schedule=pp_schedule, **kwargs)
         rank = dist.get_rank() if dist.is_initialized() else 0
-        if not config.jsonl_path or rank != _get_metrics_rank(parallel_dims=parallel_dims, pp_schedule=pp_schedule):
-            return inner
-        container = inner if isinstance(inner, LoggerContainer) else LoggerContainer()
-        container.add_logger(JsonlLogger(config.jsonl_path, peak_flops_known=config.peak_flops_known))
+        metrics_rank = _get_metrics_rank(parallel_dims=parallel_dims, pp_schedule=pp_schedule)
+        container = LoggerContainer()
+        if (config.enable_tensorboard or config.enable_wandb) and (config.save_for_all_ranks or rank == metrics_rank):
+            for tracker in _trackers(config, Path(config.run_dir or dump_folder),
+                                     tensorboard_folder(config, dump_folder, ft_enable, ft_replica_id, rank), tag):
+                container.add_logger(tracker)
+        if config.jsonl_path and rank == metrics_rank:
+            container.add_logger(JsonlLogger(config.jsonl_path, peak_flops_known=config.peak_flops_known))
         return container
+
+
+def _trackers(config: JsonlMetricsProcessor.Config, run_dir: Path, tb_folder: str, tag: str | None) -> list:
+    """The enabled trackers, in torchtitan's order (W&B, then TensorBoard)."""
+    from qwen3exp.titan import trackers
+
+    record = trackers.RunRecord.read(run_dir)
+    out: list = []
+    if config.enable_wandb:
+        out.append(trackers.WandbTracker(run_dir, record, tag))
+    if config.enable_tensorboard:
+        logger.info(f"TensorBoard logging enabled. Logs will be saved at {tb_folder}")
+        out.append(trackers.TensorBoardTracker(tb_folder, trackers.hparams(record.experiment, record.origin), tag))
+    return out
+
+
+def tensorboard_folder(config: MetricsProcessor.Config, dump_folder: str, ft_enable: bool, ft_replica_id: int,
+                       rank: int) -> str:
+    """Where torchtitan 0.3.0 puts a rank's TensorBoard files: `<dump_folder>/tb/<YYYYmmdd-HHMM>`,
+    then `replica_<id>` with fault tolerance and `rank_<r>` with save_for_all_ranks."""
+    folder = os.path.join(dump_folder, config.save_tb_folder, datetime.now().strftime("%Y%m%d-%H%M"))
+    if ft_enable:
+        folder = os.path.join(folder, f"replica_{ft_replica_id}")
+    if config.save_for_all_ranks:
+        folder = os.path.join(folder, f"rank_{rank}")
+    return folder
