@@ -322,7 +322,7 @@ def _wait_until_free(run_dir: Path, timeout_s: float) -> None:
         if not said:
             console.logger("qwen3exp.launch").info(
                 f"qwen3exp: waiting up to {timeout_s:.0f}s for the previous launch's rank(s) "
-                f"{', '.join(map(str, busy))} in {run_dir} to end", extra=console.LIVE)
+                f"{', '.join(map(str, busy))} in {run_dir} to end")
             said = True
         if time.monotonic() > deadline:
             raise ConfigError([Problem(
@@ -402,6 +402,8 @@ def launch(plan: Plan, run_dir: Path, *, origin: provenance.Origin | None = None
             watch.finish()
         except _Interrupted:
             code = None
+        finally:
+            console.end_live()  # what comes next (a refusal on stderr, the outcome) starts a line of its own
     wall = time.monotonic() - start
     if stop.signum is None and code != 0 and (refused := job_config.read_refusal(run_dir)) is not None:
         raise refused

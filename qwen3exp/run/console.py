@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import sys
 import threading
 
@@ -71,7 +72,10 @@ class ConsoleHandler(logging.Handler):
             live = bool(getattr(record, "live", False))
             with ConsoleHandler._lock:
                 if tty and live:
-                    out.write("\r\x1b[K" + _paint(text.splitlines()[-1] if text else "", "live", colour))
+                    # cut to the terminal's width: a wrapped line could not be rewritten in place
+                    width = shutil.get_terminal_size().columns - 1
+                    last = text.splitlines()[-1] if text else ""
+                    out.write("\r\x1b[K" + _paint(last[:width], "live", colour))
                     ConsoleHandler._live_shown = True
                 else:
                     if ConsoleHandler._live_shown:
