@@ -1,12 +1,15 @@
-"""`python -m qwen3exp.analysis.report PATH`: what a run, a sweep or a folder of runs did.
+"""`python -m qwen3exp.analysis.report PATH [PATH ...]`: what runs, sweeps or folders of runs did.
 
 One row per run: the keys that differ between the runs' resolved experiments (the "varied keys"),
 then status, steps, final loss, validation loss, tokens/s, peak memory and wall time. Runs that
 recorded an objective (`sweep.objective`, in summary.json) are ranked by it, best first, and the
-best is named with the command that reruns it. Printed as a terminal table (default), Markdown or
-CSV (`--format`); `report.md`, `report.csv` and `loss.png` (training loss against step, solid, and
-validation loss, dashed, one colour per run) are written next to the runs (PATH, or `--out DIR`;
-`--no-files` writes nothing). Exit code 2 when PATH holds no run.
+best is named with the command that reruns it. Several PATHs make one table of all their runs;
+exactly two runs also get a comparison: the experiment keys that differ (`qwen3exp diff`'s) and the
+final metrics side by side with B - A and B / A (A: the first run, B: the second). Printed as a
+terminal table (default), Markdown or CSV (`--format`); `report.md`, `report.csv`, `loss.png`
+(training loss against step, solid, and validation loss, dashed, one colour per run) and
+`throughput.png` (tokens/s against step, the same colours) are written next to the runs (one PATH:
+PATH; several: only with `--out DIR`; `--no-files` writes nothing). Exit code 2 when a PATH holds no run.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import os
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -23,8 +27,9 @@ from typing import Any
 from qwen3exp.analysis.diff import show
 from qwen3exp.errors import EXIT_CONFIG_ERROR
 from qwen3exp.run import objective, rundir
+from qwen3exp.run.identity import differences
 
-REPORT_MD, REPORT_CSV, LOSS_PNG = "report.md", "report.csv", "loss.png"
+REPORT_MD, REPORT_CSV, LOSS_PNG, THROUGHPUT_PNG = "report.md", "report.csv", "loss.png", "throughput.png"
 METRIC_COLUMNS = ("status", "steps", "final loss", "val loss", "tokens/s", "peak mem GiB", "wall s")
 
 
@@ -216,14 +221,16 @@ def render_terminal(t: Table, *, max_rows: int | None = None, max_cell: int = 48
     return "\n".join(out)
 
 
-def render_markdown(t: Table) -> str:
-    def esc(s: str) -> str:
-        return s.replace("|", "\\|")
+def _esc(s: str) -> str:
+    """A Markdown table cell: `|` escaped."""
+    return s.replace("|", "\\|")
 
+
+def render_markdown(t: Table) -> str:
     numeric = {h for h in t.header if h in ("steps", *_FORMATS)}
-    out = ["| " + " | ".join(esc(h) for h in t.header) + " |",
+    out = ["| " + " | ".join(_esc(h) for h in t.header) + " |",
            "| " + " | ".join("---:" if h in numeric else "---" for h in t.header) + " |"]
-    out += ["| " + " | ".join(esc(c) for c in row) + " |" for row in _cells(t)]
+    out += ["| " + " | ".join(_esc(c) for c in row) + " |" for row in _cells(t)]
     return "\n".join(out)
 
 
@@ -245,40 +252,161 @@ def curve_labels(t: Table) -> list[str]:
     return [" ".join(f"{n}={show(v)}" for n, v in zip(names, row[1:1 + len(t.varied)], strict=True)) for row in t.rows]
 
 
-def plot_losses(t: Table, path: Path):
-    """Loss against step, one curve per run that logged metrics; saved as PNG. Returns the figure."""
+def curves(t: Table) -> list[tuple[Run, str, str]]:
+    """(run, label, colour) of every run that logged metrics, in the table's order: loss.png and
+    throughput.png give a run the same colour (matplotlib's cycle, C0, C1, ...)."""
+    plotted = [(r, label) for r, label in zip(t.runs, curve_labels(t), strict=True) if r.metrics]
+    return [(r, label, f"C{i % 10}") for i, (r, label) in enumerate(plotted)]
+
+
+def _figure():
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(8, 5), layout="constrained")
-    ax = fig.add_subplot()
-    for run, label in zip(t.runs, curve_labels(t), strict=True):
-        points = [(m["step"], m["loss"]) for m in run.metrics if m.get("loss") is not None]
-        if not points:
-            continue
-        steps, losses = zip(*points, strict=True)
-        (line,) = ax.plot(steps, losses, label=label, marker="o" if len(points) <= 20 else None, markersize=3)
-        val = [(m["step"], m["val_loss"]) for m in run.validation if m.get("val_loss") is not None]
-        if val:
-            vs, vl = zip(*val, strict=True)
-            ax.plot(vs, vl, linestyle="--", marker="s", markersize=3, color=line.get_color(),
-                    label=f"{label} (validation)")
+    return fig, fig.add_subplot()
+
+
+def _finish(fig, ax, path: Path, *, ylabel: str, title: str) -> None:
+    from matplotlib.ticker import MaxNLocator
+
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title("loss (dashed: validation)" + (f" by {', '.join(t.varied)}" if t.varied else ""), fontsize=10)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     if ax.get_lines():
         ax.legend(fontsize=7 if len(ax.get_lines()) > 6 else 9, ncol=1 + len(ax.get_lines()) // 12)
     fig.savefig(path, dpi=110)
+
+
+def _by(t: Table) -> str:
+    return f" by {', '.join(t.varied)}" if t.varied else ""
+
+
+def plot_losses(t: Table, path: Path):
+    """Loss against step, one curve per run that logged metrics (validation loss dashed in the run's
+    colour); saved as PNG. Returns the figure."""
+    fig, ax = _figure()
+    for run, label, colour in curves(t):
+        points = [(m["step"], m["loss"]) for m in run.metrics if m.get("loss") is not None]
+        if not points:
+            continue
+        steps, losses = zip(*points, strict=True)
+        ax.plot(steps, losses, label=label, color=colour, marker="o" if len(points) <= 20 else None, markersize=3)
+        val = [(m["step"], m["val_loss"]) for m in run.validation if m.get("val_loss") is not None]
+        if val:
+            vs, vl = zip(*val, strict=True)
+            ax.plot(vs, vl, linestyle="--", marker="s", markersize=3, color=colour, label=f"{label} (validation)")
+    _finish(fig, ax, path, ylabel="loss", title="loss (dashed: validation)" + _by(t))
     return fig
 
 
+def plot_throughput(t: Table, path: Path):
+    """Tokens/s against step, one curve per run that logged it, from 0 up (a slower run is not drawn
+    as a cliff); each run's legend entry carries its mean after the first step (the table's
+    tokens/s: the first step pays for warm-up). Saved as PNG; returns the figure."""
+    fig, ax = _figure()
+    for run, label, colour in curves(t):
+        points = [(m["step"], m["tokens_per_second"]) for m in run.metrics if m.get("tokens_per_second") is not None]
+        if not points:
+            continue
+        steps, tps = zip(*points, strict=True)
+        mean = run.tokens_per_second
+        ax.plot(steps, tps, color=colour, marker="o" if len(points) <= 20 else None, markersize=3,
+                label=label if mean is None else f"{label} (mean {mean:,.0f})")
+    ax.set_ylim(bottom=0)
+    _finish(fig, ax, path, ylabel="tokens/s",
+            title="throughput (legend: mean tokens/s after step 1)" + _by(t))
+    return fig
+
+
+# ------------------------------------------------------------------------- two runs side by side
+COMPARED = (("steps", "steps"), ("final loss", "final_loss"), ("val loss", "val_loss"),
+            ("tokens/s", "tokens_per_second"), ("peak mem GiB", "peak_memory_gib"), ("wall s", "wall_seconds"))
+"""(column, Run attribute) of the final metrics a comparison puts side by side."""
+
+
+@dataclass
+class Comparison:
+    a: Run
+    b: Run
+    changes: list[tuple[str, Any, Any]]
+    """(dotted key, value in A, value in B) of every experiment key that differs (`qwen3exp diff`'s)."""
+    metrics: list[tuple[str, Any, Any]]
+    """(column, A's value, B's value) for each of COMPARED."""
+
+
+def compare(a: Run, b: Run) -> Comparison:
+    """B against A: the resolved experiment keys that differ and the final metrics side by side."""
+    return Comparison(a, b, differences(a.experiment, b.experiment),
+                      [(column, getattr(a, attr), getattr(b, attr)) for column, attr in COMPARED])
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def delta(column: str, va: Any, vb: Any) -> str:
+    """B - A, signed, in the column's format ("-" when either is missing)."""
+    if not (_number(va) and _number(vb)):
+        return "-"
+    d = vb - va
+    if column == "steps" and isinstance(d, int):
+        return f"{d:+d}"
+    return _FORMATS.get(column, "{:.6g}").replace("{:", "{:+").format(d)
+
+
+def ratio(va: Any, vb: Any) -> str:
+    """B / A as `0.982x` ("-" when either is missing or A is 0)."""
+    if not (_number(va) and _number(vb)) or va == 0:
+        return "-"
+    return f"{vb / va:.3f}x"
+
+
+def _metric_rows(c: Comparison) -> list[list[str]]:
+    return [[column, _cell(column, va), _cell(column, vb), delta(column, va, vb), ratio(va, vb)]
+            for column, va, vb in c.metrics]
+
+
+def render_comparison(c: Comparison) -> str:
+    """The comparison block of the terminal report."""
+    out = [f"B vs A:  A = {c.a.path}", f"         B = {c.b.path}"]
+    if c.changes:
+        width = max(len(k) for k, _, _ in c.changes)
+        out.append("experiment keys that differ (A -> B):")
+        out += [f"  {key:<{width}}  {show(va)} -> {show(vb)}" for key, va, vb in c.changes]
+    else:
+        out.append("identical resolved experiments")
+    rows = [["", "A", "B", "B - A", "B / A"], *_metric_rows(c)]
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    out.append("final metrics:")
+    for r in rows:
+        out.append("  " + "  ".join(x.ljust(w) if i == 0 else x.rjust(w)
+                                    for i, (x, w) in enumerate(zip(r, widths, strict=True))))
+    return "\n".join(line.rstrip() for line in out)
+
+
+def render_comparison_markdown(c: Comparison) -> str:
+    """The comparison section of report.md (and of `--format markdown`)."""
+    out = ["## B vs A", "", f"A: `{c.a.path}`, B: `{c.b.path}`", ""]
+    if c.changes:
+        out += ["| key | A | B |", "| --- | --- | --- |"]
+        out += [f"| {_esc(k)} | {_esc(show(va))} | {_esc(show(vb))} |" for k, va, vb in c.changes]
+    else:
+        out.append("Identical resolved experiments.")
+    out += ["", "| metric | A | B | B - A | B / A |", "| --- | ---: | ---: | ---: | ---: |"]
+    out += ["| " + " | ".join(_esc(x) for x in row) + " |" for row in _metric_rows(c)]
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------------- the files
 def write_files(runs: list[Run], out_dir: Path, *, root: Path | None = None,
                 status: dict[Path, str] | None = None) -> list[Path]:
+    """report.md (with the comparison when there are exactly two runs: B = runs[1] vs A = runs[0]),
+    report.csv, loss.png and throughput.png in `out_dir`; returns their paths."""
     t = table(runs, root=root, status=status)
     out_dir = Path(out_dir)
     best = best_line(t)
@@ -286,42 +414,99 @@ def write_files(runs: list[Run], out_dir: Path, *, root: Path | None = None,
     if best is not None:
         head, rerun = best.split("\n", 1)
         note += f"{head[0].upper()}{head[1:]}; {rerun.strip()}"
+    if len(runs) == 2:
+        note += "\n\n" + render_comparison_markdown(compare(*runs))
     rundir.atomic_write_text(out_dir / REPORT_MD, render_markdown(t) + note.rstrip() + "\n")
     rundir.atomic_write_text(out_dir / REPORT_CSV, render_csv(t))
     plot_losses(t, out_dir / LOSS_PNG)
-    return [out_dir / REPORT_MD, out_dir / REPORT_CSV, out_dir / LOSS_PNG]
+    plot_throughput(t, out_dir / THROUGHPUT_PNG)
+    return [out_dir / REPORT_MD, out_dir / REPORT_CSV, out_dir / LOSS_PNG, out_dir / THROUGHPUT_PNG]
+
+
+# -------------------------------------------------------------------------------- the command
+def collect(paths: list[Path]) -> tuple[list[Path], list[str]]:
+    """The runs under every PATH, in the order given (each PATH's in natural order; a run found twice
+    counts once), and one line per PATH that is not a directory or holds no run."""
+    found: dict[Path, Path] = {}
+    problems = []
+    for path in paths:
+        if not path.exists():
+            problems.append(f"{path}: no such directory")
+            continue
+        if not path.is_dir():
+            problems.append(f"{path}: not a directory (give a run directory, a sweep directory or a folder of runs)")
+            continue
+        runs = rundir.find_runs(path)
+        if not runs:
+            problems.append(f"{path}: no run there (a run directory holds {rundir.EXPERIMENT} or {rundir.SUMMARY})")
+        for run in runs:
+            found.setdefault(run.resolve(), run)
+    return list(found.values()), problems
+
+
+def label_root(paths: list[Path]) -> Path:
+    """What the runs' labels are relative to: the one PATH, or the folder several PATHs share."""
+    if len(paths) == 1:
+        return paths[0]
+    return Path(os.path.commonpath([str(p.resolve()) for p in paths]))
+
+
+PROG = "python -m qwen3exp.analysis.report"
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    ap.add_argument("paths", type=Path, nargs="+", metavar="PATH",
+                    help="a run directory, a sweep directory or a folder of runs; several make one table "
+                         "of all their runs, and exactly two runs are compared (B, the second, vs A)")
+    ap.add_argument("--format", choices=("terminal", "markdown", "csv"), default="terminal",
+                    help="what is printed on stdout (default: terminal)")
+    ap.add_argument("--out", type=Path, default=None, metavar="DIR",
+                    help=f"where {REPORT_MD}, {REPORT_CSV}, {LOSS_PNG}, {THROUGHPUT_PNG} go (default: PATH when there "
+                         "is one; with several PATHs files are written only when --out is given)")
+    ap.add_argument("--no-files", action="store_true", help="print only; write no files")
+    return ap
+
+
+def render(t: Table, pair: Comparison | None, fmt: str) -> str:
+    """What is printed on stdout: the table (terminal: with the best run), then the comparison."""
+    if fmt == "csv":
+        return render_csv(t)
+    if fmt == "markdown":
+        text, comparison = render_markdown(t), render_comparison_markdown(pair) if pair else None
+    else:
+        best = best_line(t)
+        text = render_terminal(t) + (f"\n{best}" if best else "")
+        comparison = render_comparison(pair) if pair else None
+    return text + (f"\n\n{comparison}" if comparison else "") + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m qwen3exp.analysis.report", description=__doc__.split("\n\n")[0])
-    ap.add_argument("path", type=Path, help="a run directory, a sweep directory or a folder of runs")
-    ap.add_argument("--format", choices=("terminal", "markdown", "csv"), default="terminal",
-                    help="what is printed on stdout (default: terminal)")
-    ap.add_argument("--out", type=Path, default=None, help="where report.md, report.csv, loss.png go (default: PATH)")
-    ap.add_argument("--no-files", action="store_true", help="print only; write no files")
-    args = ap.parse_args(argv)
-    paths = rundir.find_runs(args.path) if args.path.is_dir() else []
-    if not paths:
-        print(f"qwen3exp.analysis.report: no run under {args.path} (a run directory holds {rundir.EXPERIMENT} "
-              f"or {rundir.SUMMARY})", file=sys.stderr)
+    args = _parser().parse_args(argv)
+    paths, problems = collect(args.paths)
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        problems.append(f"--out {args.out}: not a directory")
+    for problem in problems:
+        print(f"{PROG}: {problem}", file=sys.stderr)
+    if problems:
         return EXIT_CONFIG_ERROR
     runs = [load_run(p) for p in paths]
-    t = table(runs, root=args.path)
-    match args.format:
-        case "terminal":
-            print(render_terminal(t))
-            if (line := best_line(t)) is not None:
-                print(line)
-        case "markdown":
-            print(render_markdown(t))
-        case "csv":
-            sys.stdout.write(render_csv(t))
-    if not args.no_files:
-        out = args.out or (args.path if args.path.is_dir() else args.path.parent)
-        out.mkdir(parents=True, exist_ok=True)
-        written = write_files(runs, out, root=args.path)
-        curves = sum(1 for r in runs if r.metrics)
-        print(f"wrote {', '.join(str(p) for p in written)} ({curves} loss curve(s))", file=sys.stderr)
+    root = label_root(args.paths)
+    t = table(runs, root=root)
+    sys.stdout.write(render(t, compare(*runs) if len(runs) == 2 else None, args.format))
+    out = args.out or (args.paths[0] if len(args.paths) == 1 else None)
+    if args.no_files:
+        return 0
+    if out is None:
+        print(f"{PROG}: no files written: with several paths, --out DIR writes {REPORT_MD}, {REPORT_CSV}, "
+              f"{LOSS_PNG} and {THROUGHPUT_PNG} there", file=sys.stderr)
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    written = write_files(runs, out, root=root)
+    losses = sum(1 for r in runs if any(m.get("loss") is not None for m in r.metrics))
+    tps = sum(1 for r in runs if any(m.get("tokens_per_second") is not None for m in r.metrics))
+    print(f"wrote {', '.join(str(p) for p in written)} ({losses} loss curve(s), {tps} tokens/s curve(s))",
+          file=sys.stderr)
     return 0
 
 
