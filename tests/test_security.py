@@ -313,6 +313,25 @@ def test_untracked_files_alone_leave_no_diff(source_tree):
     assert [u["path"] for u in state["untracked"]] == [".env"]
 
 
+def test_reading_a_repositorys_state_never_writes_to_it(source_tree):
+    """`git status` refreshes a stale index (a file touched since it was staged): it rewrites
+    `.git/index` under `.git/index.lock`. The provenance of a run reads the user's repository and
+    must not write to it (a launch killed meanwhile would leave the lock, and their next `git
+    commit` would fail)."""
+    import os
+
+    from qwen3exp.run import provenance
+    index = source_tree / ".git" / "index"
+    os.utime(source_tree / "train.py", (1, 1))  # stale stat data: a plain `git status` rewrites the index
+    before = (index.read_bytes(), index.stat().st_mtime_ns)
+    state, _ = provenance.git_state(source_tree)
+    assert state["dirty"] is True
+    assert (index.read_bytes(), index.stat().st_mtime_ns) == before
+    # the same check fails for the command without --no-optional-locks: the test can tell
+    subprocess.run(["git", "-C", str(source_tree), "status", "--porcelain"], check=True, capture_output=True)
+    assert (index.read_bytes(), index.stat().st_mtime_ns) != before
+
+
 @pytest.mark.parametrize("name, secret", [
     ("HF_TOKEN", True), ("WANDB_API_KEY", True), ("MY_SESSION_TOKEN", True), ("AWS_SECRET_ACCESS_KEY", True),
     ("DB_PASSWORD", True), ("MYSQL_PASSWD", True), ("GOOGLE_APPLICATION_CREDENTIALS", True),

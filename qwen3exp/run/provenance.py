@@ -224,8 +224,12 @@ def versions() -> dict[str, str | None]:
 
 
 def _git(root: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=True,
-                          timeout=60).stdout
+    """A read-only git command in `root`. `--no-optional-locks`: `git status` would otherwise
+    refresh (rewrite) the repository's index and take `.git/index.lock` to do it; reading the state
+    of someone's repository must not write to it, nor leave a lock behind that blocks their next
+    `git commit` when the launch is killed meanwhile."""
+    return subprocess.run(["git", "--no-optional-locks", "-C", str(root), *args], capture_output=True, text=True,
+                          check=True, timeout=60).stdout
 
 
 def source_git_state() -> tuple[dict, str | None]:
