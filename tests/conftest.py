@@ -59,10 +59,12 @@ def compose(*overrides: str) -> dict:
 
 
 def all_conf_files() -> list[tuple[str, str]]:
-    """(group, option) for every YAML under conf/ except the root config."""
+    """(group, option) for every YAML under conf/ except the root config and Hydra's own groups
+    (conf/hydra/job_logging/qwen3exp.yaml: every run uses it; tests/test_cli.py reads the
+    qwen3exp.log it writes)."""
     out = []
     for path in sorted(CONF.rglob("*.yaml")):
-        if path.parent == CONF:
+        if path.parent == CONF or path.relative_to(CONF).parts[0] == "hydra":
             continue
         out.append((path.parent.name, path.stem))
     return out
