@@ -34,8 +34,9 @@ def tiny_config(*, tied: bool, rope_theta: float = 5e6, **overrides):
 
 
 def write_checkpoint(folder: Path, *, tied: bool, rope_theta: float = 5e6, seed: int = 0,
-                     tokenizer: bool = True, **overrides) -> Path:
-    """A complete `from_pretrained` folder: config.json, model.safetensors, tokenizer files."""
+                     tokenizer: bool = True, max_shard_size: str | None = None, **overrides) -> Path:
+    """A complete `from_pretrained` folder: config.json, model.safetensors, tokenizer files.
+    `max_shard_size` (e.g. "500KB"): the weights in several shards plus model.safetensors.index.json."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -47,7 +48,7 @@ def write_checkpoint(folder: Path, *, tied: bool, rope_theta: float = 5e6, seed:
             if name.endswith("norm.weight"):
                 p.uniform_(0.5, 1.5)
     folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
+    model.save_pretrained(folder, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     if tokenizer:
         for name in TOKENIZER_FILES:
             shutil.copy(TOKENIZER_DIR / name, folder / name)
@@ -154,6 +155,13 @@ def hf_loss(folder: Path, batches: list[tuple], *, experts_dtype: str | None = N
     process, it has replaced `PreTrainedModel._init_weights` process-wide (see
     qwen3exp/titan/hf_model.py), and `from_pretrained` there leaves the rotary buffers wrong; an
     earlier test in the same pytest process would silently change this reference."""
+    return hf_losses((folder, batches, experts_dtype))[0]
+
+
+def hf_losses(*jobs: tuple[Path, list[tuple], str | None]) -> list[float]:
+    """`hf_loss` of each (folder, batches, experts_dtype), all in one fresh process (one start of
+    Python, torch and transformers instead of one per loss). The jobs without `experts_dtype` run
+    first: `experts_in` patches transformers for the rest of the process."""
     import os
     import subprocess
     import sys
@@ -162,16 +170,21 @@ def hf_loss(folder: Path, batches: list[tuple], *, experts_dtype: str | None = N
     import torch
 
     here = Path(__file__).resolve().parent
+    order = sorted(range(len(jobs)), key=lambda i: jobs[i][2] is not None)  # stable: unpatched first
     with tempfile.TemporaryDirectory() as tmp:
-        saved = Path(tmp) / "batches.pt"
-        torch.save(batches, saved)
-        code = (f"import sys, torch; sys.path.insert(0, {str(here)!r}); from hf_fixtures import hf_loss_here; "
-                f"print(repr(hf_loss_here({str(folder)!r}, torch.load({str(saved)!r}), "
-                f"experts_dtype={experts_dtype!r})))")
+        saved = Path(tmp) / "jobs.pt"
+        torch.save([(str(jobs[i][0]), jobs[i][1], jobs[i][2]) for i in order], saved)
+        code = (f"import json, sys, torch; sys.path.insert(0, {str(here)!r}); from hf_fixtures import hf_loss_here; "
+                f"print(json.dumps([hf_loss_here(f, b, experts_dtype=d) for f, b, d in torch.load({str(saved)!r})]))")
         env = dict(os.environ, PYTHONPATH=str(here.parent), HF_HUB_OFFLINE="1")
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
         assert r.returncode == 0, r.stderr[-3000:]
-        return float(r.stdout.strip().splitlines()[-1])
+        values = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(values) == len(jobs), r.stdout[-3000:]
+    out = [0.0] * len(jobs)
+    for i, value in zip(order, values, strict=True):
+        out[i] = value
+    return out
 
 
 def experts_in(dtype) -> None:

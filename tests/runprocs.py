@@ -91,3 +91,32 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class Background:
+    """`python -m qwen3exp ARGS` started now and collected later: a module fixture starts a
+    training that a later test checks, so that it runs beside the tests in between (a 1-rank
+    training leaves the second core of a 2-core machine idle). stdout and stderr go to files in
+    `folder` (a pipe nobody reads would stall a chatty launcher)."""
+
+    def __init__(self, *args: str, folder: Path, cwd: Path = REPO, **env: str) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.stdout, self.stderr = folder / "stdout.log", folder / "stderr.log"
+        with self.stdout.open("w") as out, self.stderr.open("w") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "qwen3exp", *args], cwd=cwd, env=env_with(**env),
+                                         stdout=out, stderr=err)
+
+    def result(self, timeout: float = 600) -> subprocess.CompletedProcess:
+        """Wait for it (as `conftest.run_cli` would have): exit code, stdout, stderr."""
+        self.proc.wait(timeout=timeout)
+        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, self.stdout.read_text(),
+                                           self.stderr.read_text())
+
+    def stop(self, *run_dirs: Path) -> None:
+        """Fixture teardown: end it if it still runs (a test failed or was not selected), and any
+        process left of its runs."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for run_dir in run_dirs:
+            kill_leftovers(run_dir)

@@ -3,14 +3,22 @@ line (`python -m qwen3exp ...`, no dry run) and each required to exit with code 
 and what is allowed (and where it helps, the file the value came from and the nearest valid value),
 print no traceback, start no worker, and leave no directory that looks like a run.
 
-The subprocesses of the table run a few at a time (module fixture) to keep the suite short; each
-row is still its own test.
+The table runs in-process: `qwen3exp.cli.main(argv)`, the function `python -m qwen3exp` runs, is
+called once per row inside a few helper processes (module fixture; each holds its rows, one after
+the other, with the file descriptors 1 and 2 of every call captured, and the cwd, environment and
+Hydra's global state of a fresh command restored between rows), instead of one interpreter start
+per row. A few representative rows (`END_TO_END`) also run as real `python -m qwen3exp`
+subprocesses, so that the module entry point, its exit code and "no traceback on stderr" stay
+covered end to end. Each row is still its own test.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -249,36 +257,134 @@ def _model_folders(tmp: Path) -> None:
         save_file(tensors, str(folder(name) / "model.safetensors"))
 
 
+END_TO_END = ("steps_zero", "bad_sweep_point", "data_file_binary")
+"""Rows that also run as `python -m qwen3exp` subprocesses: a value refused by qwen3exp's launcher,
+a refused sweep point (multirun), a data file that the pre-launch checks read."""
+
+WORKERS = max(1, min(4, len(os.sched_getaffinity(0))))
+"""Helper processes for the in-process table (as many as this process may use cores, up to 4)."""
+
+
+def _argv(case: Case, assets: Path, out: Path) -> list[str]:
+    args = [a.replace("{tmp}", str(assets)) for a in case.args]
+    where = f"hydra.sweep.dir={out}/sweep" if case.multirun else f"hydra.run.dir={out}/run"
+    return [*args, where]
+
+
+def _in_process(requests: Path, replies: Path) -> None:
+    """A helper process: run each requested command line through `qwen3exp.cli.main` in this
+    process, as `python -m qwen3exp` would in its own (cwd: the repository; the environment of a
+    fresh command; Hydra's global state cleared), with file descriptors 1 and 2 redirected to
+    files, so that whatever reaches them (print, logging, warnings, a traceback) is captured."""
+    import tempfile
+    import traceback
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    from qwen3exp import cli
+
+    env = dict(os.environ)
+    out = {}
+    for case_id, argv in json.loads(requests.read_text()):
+        os.chdir(REPO)
+        os.environ.clear()
+        os.environ.update(env)
+        GlobalHydra.instance().clear()
+        with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as o, \
+                tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as e:
+            _flush()
+            saved = [os.dup(1), os.dup(2)]
+            os.dup2(o.fileno(), 1)
+            os.dup2(e.fileno(), 2)
+            try:
+                try:
+                    code = cli.main(argv)
+                except SystemExit as stop:  # as cli.entry turns it into the process's exit code
+                    code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+                except BaseException:  # noqa: B036 (the test shows it: a traceback on stderr)
+                    traceback.print_exc()
+                    code = None
+                _flush()
+            finally:
+                for fd, copy in ((1, saved[0]), (2, saved[1])):
+                    os.dup2(copy, fd)
+                    os.close(copy)
+            o.seek(0)
+            e.seek(0)
+            out[case_id] = (code, o.read(), e.read())
+    replies.write_text(json.dumps(out))
+
+
+def _flush() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def _helper(rows: list[tuple[str, list[str]]], where: Path) -> dict[str, tuple]:
+    """One helper process running `rows` in-process; {case id: (exit code, stdout, stderr)}."""
+    requests, replies, log = where / "requests.json", where / "replies.json", where / "helper.log"
+    requests.write_text(json.dumps(rows))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests"), env.get("PYTHONPATH", "")])
+    env.setdefault("HF_HUB_OFFLINE", "1")  # as run_cli
+    code = (f"import sys; from pathlib import Path; from test_bad_inputs import _in_process; "
+            f"_in_process(Path({str(requests)!r}), Path({str(replies)!r}))")
+    with log.open("w") as f:
+        proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT,
+                              timeout=1200)
+    assert proc.returncode == 0 and replies.is_file(), log.read_text()[-3000:]
+    return {k: tuple(v) for k, v in json.loads(replies.read_text()).items()}
+
+
 @pytest.fixture(scope="module")
 def results(assets, tmp_path_factory) -> dict[str, tuple]:
-    def one(case: Case):
-        out = tmp_path_factory.mktemp(case.id)
-        args = [a.replace("{tmp}", str(assets)) for a in case.args]
-        where = f"hydra.sweep.dir={out}/sweep" if case.multirun else f"hydra.run.dir={out}/run"
-        proc = run_cli(*args, where, timeout=120)
-        return case.id, (proc, out)
+    """{case id: (exit code, stdout, stderr, the folder its run or sweep directory was in)} of the
+    in-process table; "python -m ID": the same for the END_TO_END row ID run as a subprocess."""
+    outs = {case.id: tmp_path_factory.mktemp(case.id) for case in CASES}
+    rows = [(case.id, _argv(case, assets, outs[case.id])) for case in CASES]
+    chunks = [rows[i::WORKERS] for i in range(WORKERS)]
 
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        return dict(pool.map(one, CASES))
+    def e2e(case: Case) -> tuple[str, tuple]:
+        out = tmp_path_factory.mktemp(f"{case.id}_e2e")
+        proc = run_cli(*_argv(case, assets, out), timeout=120)
+        return case.id, (proc.returncode, proc.stdout, proc.stderr, out)
+
+    with ThreadPoolExecutor(max_workers=WORKERS + len(END_TO_END)) as pool:
+        helpers = [pool.submit(_helper, chunk, tmp_path_factory.mktemp("helper")) for chunk in chunks]
+        subprocesses = [pool.submit(e2e, case) for case in CASES if case.id in END_TO_END]
+        table = {k: (*v, outs[k]) for h in helpers for k, v in h.result().items()}
+        table.update({f"python -m {k}": v for k, v in (f.result() for f in subprocesses)})
+    return table
 
 
 def test_table_is_large_enough():
     assert len(CASES) >= 30
     assert len({c.id for c in CASES}) == len(CASES)
+    assert set(END_TO_END) <= {c.id for c in CASES}
+
+
+def _check(case: Case, code, stdout: str, stderr: str, out: Path) -> None:
+    text = stdout + stderr
+    assert code == 2, text
+    assert "Traceback" not in text
+    assert "configuration error" in stderr
+    assert f"  {case.key} = " in stderr, stderr
+    allowed = [line for line in stderr.splitlines() if line.strip().startswith("allowed:")]
+    assert any(case.allowed in line for line in allowed), stderr
+    for more in case.also:
+        assert more in stderr, stderr
+    # No worker started, nothing that looks like a run: the directories were never created.
+    assert "rank(s) on" not in stdout
+    assert not (out / "run").exists() and not (out / "sweep").exists(), list(out.rglob("*"))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input(case: Case, results):
-    proc, out = results[case.id]
-    text = proc.stdout + proc.stderr
-    assert proc.returncode == 2, text
-    assert "Traceback" not in text
-    assert "configuration error" in proc.stderr
-    assert f"  {case.key} = " in proc.stderr, proc.stderr
-    allowed = [line for line in proc.stderr.splitlines() if line.strip().startswith("allowed:")]
-    assert any(case.allowed in line for line in allowed), proc.stderr
-    for more in case.also:
-        assert more in proc.stderr, proc.stderr
-    # No worker started, nothing that looks like a run: the directories were never created.
-    assert "rank(s) on" not in proc.stdout
-    assert not (out / "run").exists() and not (out / "sweep").exists(), list(out.rglob("*"))
+    _check(case, *results[case.id])
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.id in END_TO_END],
+                         ids=[c.id for c in CASES if c.id in END_TO_END])
+def test_bad_input_through_python_m(case: Case, results):
+    """The same row through the real command line, `python -m qwen3exp ...` in a subprocess."""
+    _check(case, *results[f"python -m {case.id}"])

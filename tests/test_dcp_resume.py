@@ -16,6 +16,7 @@ import pytest
 from conftest import REPO, compose, read_metrics, read_summary, run_cli
 from qwen3exp.config.schema import validate_experiment
 from qwen3exp.run import rundir
+from runprocs import kill_leftovers
 
 pytestmark = pytest.mark.slow
 
@@ -26,9 +27,8 @@ ARGS = ("checkpoint=dcp", "checkpoint.interval=2", "checkpoint.keep_latest_k=0",
 
 def _kill_after_first_checkpoint(run_dir: Path, timeout: float = 300) -> int:
     """Start the run, SIGTERM the launcher once checkpoint step-2 is complete; returns its exit code."""
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, "-m", "qwen3exp", *ARGS, f"hydra.run.dir={run_dir}"], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "qwen3exp", *ARGS, f"hydra.run.dir={run_dir}"], cwd=REPO,
+                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + timeout
     try:
         while not (run_dir / "checkpoint" / "step-2" / ".metadata").is_file():
@@ -42,15 +42,31 @@ def _kill_after_first_checkpoint(run_dir: Path, timeout: float = 300) -> int:
             proc.kill()
 
 
+def _env() -> dict:
+    return dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
 def test_killed_run_resumes_exactly(tmp_path):
-    reference = tmp_path / "uninterrupted"
-    r = run_cli(*ARGS, f"hydra.run.dir={reference}")
-    assert r.returncode == 0, r.stderr[-3000:]
+    # The uninterrupted reference trains side by side with the run that is killed (nothing here
+    # depends on timing: the kill waits for checkpoint step-2 on disk, the losses are bit-exact).
+    reference, log = tmp_path / "uninterrupted", tmp_path / "uninterrupted.log"
+    with log.open("w") as out:
+        ref = subprocess.Popen([sys.executable, "-m", "qwen3exp", *ARGS, f"hydra.run.dir={reference}"], cwd=REPO,
+                               env={"HF_HUB_OFFLINE": "1", **_env()}, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        run_dir = tmp_path / "killed"
+        killed_code = _kill_after_first_checkpoint(run_dir)
+        ref.wait(timeout=600)
+    finally:
+        if ref.poll() is None:  # a failure above: leave no process of the reference behind
+            ref.kill()
+            ref.wait()
+            kill_leftovers(reference)
+    assert ref.returncode == 0, log.read_text()[-3000:]
     expected = {row["step"]: row["loss"] for row in read_metrics(reference)}
     assert sorted(expected) == list(range(1, STEPS + 1))
 
-    run_dir = tmp_path / "killed"
-    assert _kill_after_first_checkpoint(run_dir) == 143
+    assert killed_code == 143
     killed = read_summary(run_dir)
     assert killed["status"] == "interrupted"
     saved = sorted(int(p.name.split("-")[1]) for p in (run_dir / "checkpoint").glob("step-*")

@@ -7,6 +7,9 @@ has, head_dim != dim / n_heads, rms_norm_eps 1e-5):
   C  hf backend restarted from A's export (a native export loaded by transformers' modeling code)
 Each step-1 loss is compared with the Hugging Face model's own loss on the same first batch
 (computed document by document, so packed documents never see each other).
+
+A and B train once per module, and their two references are computed in one fresh process (one
+start of Python, torch and transformers instead of two); C's two references in one more.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import read_metrics, read_summary, run_cli
-from hf_fixtures import first_batches, hf_loss, write_checkpoint
+from hf_fixtures import first_batches, hf_losses, write_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -62,12 +65,26 @@ def run_a(ckpts, tmp_path_factory) -> Path:
     return run_dir
 
 
-def test_native_auto_loads_untied_checkpoint_and_exports(run_a, ckpts):
+@pytest.fixture(scope="module")
+def run_b(ckpts, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("b") / "run"
+    _train(run_dir, "experiment=tiny_hf", f"model.hf_assets_path={ckpts['tied']}", "checkpoint=hf_roundtrip")
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def references(run_a, run_b, ckpts) -> dict[str, float]:
+    """The transformers losses of A's and B's checkpoints on each run's first batches (one process)."""
+    losses = hf_losses((ckpts["untied"], first_batches(run_a), None), (ckpts["tied"], first_batches(run_b), None))
+    return dict(zip("ab", losses, strict=True))
+
+
+def test_native_auto_loads_untied_checkpoint_and_exports(run_a, ckpts, references):
     s = read_summary(run_a)
     assert s["status"] == "completed" and s["weights_loaded"] is True
     assert s["weights_source"] == str(ckpts["untied"])
     assert s["step1_loss"] == read_metrics(run_a)[0]["loss"]
-    assert abs(s["step1_loss"] - hf_loss(ckpts["untied"], first_batches(run_a))) < TOL
+    assert abs(s["step1_loss"] - references["a"]) < TOL
     folder = _check_export(s, tied=False)
     cfg = json.loads((folder / "config.json").read_text())
     src = json.loads((ckpts["untied"] / "config.json").read_text())
@@ -77,11 +94,10 @@ def test_native_auto_loads_untied_checkpoint_and_exports(run_a, ckpts):
     assert cfg["dtype"] == "bfloat16"
 
 
-def test_hf_backend_loads_tied_checkpoint_and_exports(ckpts, tmp_path):
-    run_dir = tmp_path / "run"
-    s = _train(run_dir, "experiment=tiny_hf", f"model.hf_assets_path={ckpts['tied']}", "checkpoint=hf_roundtrip")
+def test_hf_backend_loads_tied_checkpoint_and_exports(run_b, references):
+    s = read_summary(run_b)
     assert s["weights_loaded"] is True
-    assert abs(s["step1_loss"] - hf_loss(ckpts["tied"], first_batches(run_dir))) < TOL
+    assert abs(s["step1_loss"] - references["b"]) < TOL
     _check_export(s, tied=True)
 
 
@@ -94,7 +110,7 @@ def test_restart_from_export_matches_transformers(run_a, ckpts, tmp_path):
                "launcher.nproc_per_node=1")  # one rank is enough here (A and B train on two)
     assert s["weights_source"] == str(export)
     batches = first_batches(run_dir)
-    reference = hf_loss(export, batches)
+    reference, start = hf_losses((export, batches, None), (ckpts["untied"], batches, None))  # one process
     assert abs(s["step1_loss"] - reference) < TOL
     # The export holds the trained weights, not the checkpoint run A started from.
-    assert abs(reference - hf_loss(ckpts["untied"], batches)) > 1e-2
+    assert abs(reference - start) > 1e-2

@@ -71,6 +71,10 @@ def installed(tmp_path_factory) -> dict:
         return subprocess.run([str(venv / "bin" / "qwen3exp"), *args], cwd=repo, env=env, capture_output=True,
                               text=True, timeout=timeout)
 
+    def start(*args: str) -> subprocess.Popen:
+        return subprocess.Popen([str(venv / "bin" / "qwen3exp"), *args], cwd=repo, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
     repo.mkdir()
     init = run("init")
     assert init.returncode == 0, init.stdout + init.stderr
@@ -85,7 +89,7 @@ def installed(tmp_path_factory) -> dict:
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import qwen3exp, qwen3exp.config.compose as c; "
                             "print(qwen3exp.__file__); print(c.CONF_DIR)"], cwd=repo, env=env,
                            capture_output=True, text=True, check=True).stdout.split()
-    return {"run": run, "repo": repo, "commit": commit, "venv": venv, "where": where, "init": init}
+    return {"run": run, "start": start, "repo": repo, "commit": commit, "venv": venv, "where": where, "init": init}
 
 
 def test_the_wheel_is_what_runs(installed):
@@ -134,9 +138,23 @@ def test_a_typo_in_the_users_repo_is_exit_2(installed, form):
 
 
 @pytest.mark.slow
+def _finish(proc: subprocess.Popen, timeout: float = 600) -> subprocess.CompletedProcess:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def test_train_and_sweep_from_the_users_repo(installed):
-    repo, run = installed["repo"], installed["run"]
-    r = run("-cd", "conf", "experiment=mine", "hydra.run.dir=outputs/one")
+    """A run and a sweep, started side by side (separate output folders; nothing depends on timing)."""
+    repo, start = installed["repo"], installed["start"]
+    one = start("-cd", "conf", "experiment=mine", "hydra.run.dir=outputs/one")
+    sweep = start("-cd", "conf", "-m", "experiment=mine", "training.lr=1e-3,2e-3", "training.steps=2",
+                  "hydra.sweep.dir=outputs/sweep")
+    r, s = _finish(one), _finish(sweep)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = read_summary(repo / "outputs" / "one")
     assert summary["status"] == "completed" and summary["steps_completed"] == 3
@@ -148,8 +166,6 @@ def test_train_and_sweep_from_the_users_repo(installed):
     exp = (repo / "outputs" / "one" / "experiment.yaml").read_text()
     assert "n_layers: 1" in exp and "data/sample.jsonl" in exp
 
-    s = run("-cd", "conf", "-m", "experiment=mine", "training.lr=1e-3,2e-3", "training.steps=2",
-            "hydra.sweep.dir=outputs/sweep")
     assert s.returncode == 0, s.stdout[-3000:] + s.stderr[-3000:]
     assert "2 completed" in s.stdout
     summaries = [read_summary(p.parent) for p in (repo / "outputs" / "sweep").glob("*/summary.json")]

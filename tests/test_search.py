@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, read_summary, read_validation, run_cli
+from runprocs import Background
 
 TINY = ("launcher.nproc_per_node=1", "metrics.tensorboard=false", "training.steps=4", "validation.freq=2")
 
@@ -163,12 +164,18 @@ def test_a_failed_job_is_a_failed_trial_for_an_adaptive_sweeper(tmp_path):
 # ------------------------------------------------------------------------- slow: real searches
 @pytest.mark.slow
 def test_optuna_search_minimizes_val_loss_and_continues_after_a_stop(tmp_path):
-    """4 trials over training.lr; stopped with SIGTERM once 2 trials completed (the third is then
-    running), rerun with the same command: 2 more trials run, none of the finished ones again."""
+    """3 trials over training.lr (tiny_search's 4, cut by one: each is a training); stopped with
+    SIGTERM once 1 trial completed (the second is then running), rerun with the same command: 2 more
+    trials run, none of the finished ones again. "Completed" is what the study recorded: a trial's
+    summary.json is written before its value reaches Optuna, and a stop in between leaves a trial
+    that the resumed search rightly counts as unfinished."""
+    import sqlite3
+    from contextlib import closing
+
     import optuna
 
     d = tmp_path / "search"
-    args = ["-m", *TINY, "experiment=tiny_search", f"hydra.sweep.dir={d}"]
+    args = ["-m", *TINY, "experiment=tiny_search", "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={d}"]
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                HF_HUB_OFFLINE="1")
     proc = subprocess.Popen([sys.executable, "-m", "qwen3exp", *args], cwd=tmp_path, env=env, text=True,
@@ -177,13 +184,24 @@ def test_optuna_search_minimizes_val_loss_and_continues_after_a_stop(tmp_path):
     def completed() -> list[Path]:
         return [p for p in d.glob("*/summary.json") if read_summary(p.parent).get("status") == "completed"]
 
+    def recorded() -> int:
+        """Trials the study holds as complete, read from its SQLite file read-only (this test must
+        not write to the search's database while the search runs)."""
+        if not (d / "optuna.db").is_file():
+            return 0
+        try:
+            with closing(sqlite3.connect(f"file:{d / 'optuna.db'}?mode=ro", uri=True)) as db:
+                return db.execute("SELECT COUNT(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0]
+        except sqlite3.OperationalError:  # the search is still creating its tables, or holds a write lock
+            return 0
+
     try:
         deadline = time.monotonic() + 400
-        while len(completed()) < 2 and proc.poll() is None:
-            assert time.monotonic() < deadline, "2 trials did not complete in time"
+        while recorded() < 1 and proc.poll() is None:
+            assert time.monotonic() < deadline, "the first trial did not complete in time"
             time.sleep(0.2)
         assert proc.poll() is None, proc.communicate()[0][-3000:]
-        first_two = {p.parent: p.stat().st_mtime_ns for p in completed()}
+        finished = {p.parent: p.stat().st_mtime_ns for p in completed()}
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
     finally:
@@ -195,16 +213,16 @@ def test_optuna_search_minimizes_val_loss_and_continues_after_a_stop(tmp_path):
 
     r = run_cli(*args, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "2 trial(s) finished earlier" in r.stdout and "2 of 4 to go" in r.stdout
-    for run, mtime in first_two.items():  # never run again
+    assert "1 trial(s) finished earlier" in r.stdout and "2 of 3 to go" in r.stdout
+    for run, mtime in finished.items():  # never run again
         assert (run / "summary.json").stat().st_mtime_ns == mtime
     study = optuna.load_study(study_name="tiny_search", storage=f"sqlite:///{d}/optuna.db")
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    assert len(done) == 4
+    assert len(done) == 3
     # What each trial returned to Optuna is its run's validation loss (measured, not a training loss).
     values = sorted(t.value for t in done)
     runs = [p.parent for p in completed()]
-    assert len(runs) == 4
+    assert len(runs) == 3
     assert values == sorted(read_summary(run)["val_loss"] for run in runs)
     for run in runs:
         s = read_summary(run)
@@ -221,18 +239,34 @@ def test_optuna_search_minimizes_val_loss_and_continues_after_a_stop(tmp_path):
     assert vals == sorted(vals)
 
 
+GRID_TEST = "test_a_file_grid_runs_its_real_count_and_parallel_jobs_overlap"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def grid(request, tmp_path_factory):
+    """The file grid of GRID_TEST, started with the module's first test so that it trains beside
+    the others (its test collects it); not started when that test is not selected."""
+    if not any(getattr(item, "originalname", item.name) == GRID_TEST for item in request.session.items):
+        yield None
+        return
+    tmp = tmp_path_factory.mktemp("grid")
+    conf = _user_conf(tmp, "grid", "defaults:\n  - tiny_sweep\nname: grid\nhydra:\n  mode: MULTIRUN\n"
+                                   "  sweeper:\n    params:\n      training.lr: 1e-3,3e-3\n")
+    d = tmp / "sweep"
+    args = ["--config-dir", str(conf), "experiment=grid", *TINY, "sweep.parallel_jobs=2"]
+    started = Background(*args, f"hydra.sweep.dir={d}", folder=tmp / "launcher")
+    yield {"args": args, "dir": d, "dry_dir": tmp / "dry", "started": started}
+    started.stop(d)
+
+
 @pytest.mark.slow
-def test_a_file_grid_runs_its_real_count_and_parallel_jobs_overlap(tmp_path):
+def test_a_file_grid_runs_its_real_count_and_parallel_jobs_overlap(grid):
     """hydra.mode=MULTIRUN and hydra.sweeper.params in an experiment file, no -m: a 2-job sweep,
     run 2 at a time through hydra-joblib-launcher (sweep.parallel_jobs=2)."""
-    conf = _user_conf(tmp_path, "grid", "defaults:\n  - tiny_sweep\nname: grid\nhydra:\n  mode: MULTIRUN\n"
-                                        "  sweeper:\n    params:\n      training.lr: 1e-3,3e-3\n")
-    d = tmp_path / "sweep"
-    args = ["--config-dir", str(conf), "experiment=grid", *TINY, "sweep.parallel_jobs=2",
-            f"hydra.sweep.dir={d}"]
-    dry = run_cli(*args, "dry_run=true")
+    args, d = grid["args"], grid["dir"]
+    dry = run_cli(*args, f"hydra.sweep.dir={grid['dry_dir']}", "dry_run=true")  # while the sweep runs
     assert dry.returncode == 0 and _points(dry.stdout) == 2, dry.stdout[-2000:] + dry.stderr[-2000:]
-    r = run_cli(*args)
+    r = grid["started"].result()
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "running 2 job(s), 2 at a time (hydra-joblib-launcher)" in r.stdout
     runs = sorted(p.parent for p in d.glob("*/summary.json"))

@@ -8,7 +8,8 @@ On it: a 2-node x 1-rank SLURM training returns within 30 s of its job's end and
 bit like 1 node x 2 ranks; a sweep of two 2-node jobs (a job array) ends with its table and
 report; a job with a short time limit checkpoints at SLURM's pre-timeout signal, requeues itself
 and resumes, with the losses of an uninterrupted run; a killed second-node agent fails the job
-fast, the summary names node 1 and a relaunch resumes; Ctrl-C on the submitter stops both nodes;
+fast, the summary names node 1 and a relaunch resumes (that relaunch is the 2-node training
+checked against 1 node x 2 ranks); Ctrl-C on the submitter stops both nodes;
 the local launcher's two nodes (one per namespace) meet in a c10d rendezvous across them, and an
 unreachable rendezvous fails within launcher.rdzv_timeout_s naming the endpoint. After every test
 no process of its run is left (checked in /proc, which sees both namespaces).
@@ -18,11 +19,13 @@ reason. CI runs as root, so there they run.
 
 Time: almost all of it is Python, torch and torchtitan starting in the agents and ranks of each
 job, so scenarios that wait a lot share one test and run side by side (each node has room for two
-1-CPU jobs): the reference 1-node x 2-rank run trains while the cluster starts; a plain run trains
-while another is stopped with Ctrl-C; the time-limited job waits for its pre-timeout signal while
-a second-node agent is killed in another job; the unreachable rendezvous times out while the local
-launcher's two nodes train. Every scenario has its own run directory and its own SLURM jobs, and
-each test cleans up its own runs (processes by run directory, jobs by id) also when it fails.
+1-CPU jobs), and a job that several scenarios need runs once: the reference 1-node x 2-rank run
+trains while the cluster starts; the sweep's two jobs run while another job is stopped with Ctrl-C;
+the time-limited job waits for its pre-timeout signal while a second-node agent is killed in
+another job, whose relaunch is the plain 2-node run (it trains bit for bit like one node, its
+submitter returns at once); the unreachable rendezvous times out while the local launcher's two
+nodes train. Every scenario has its own run directory and its own SLURM jobs, and each test cleans
+up its own runs (processes by run directory, jobs by id) also when it fails.
 """
 
 from __future__ import annotations
@@ -157,20 +160,25 @@ def _no_jobs_then_no_survivors(cluster, run_dir: Path) -> None:
     assert_no_survivors(run_dir, grace=30)
 
 
-def _result_written(run_dir: Path) -> float:
-    """When the job's submitit result was written (wall clock)."""
-    (result,) = list(run_dir.glob(".submitit/*/*_result.pkl"))
+def _result_written(run_dir: Path, job: str) -> float:
+    """When the submitit result of SLURM job `job` was written (wall clock)."""
+    (result,) = list(run_dir.glob(f".submitit/{job}/*_result.pkl"))
     return result.stat().st_mtime
 
 
-def test_a_run_returns_at_once_and_trains_like_one_node_while_ctrl_c_stops_another(cluster, tmp_path,
-                                                                                     reference_losses):
-    """Two jobs side by side: a plain 2-node run, and one stopped by Ctrl-C on its submitter."""
-    run, log = tmp_path / "run", tmp_path / "log"
+def test_ctrl_c_stops_a_two_node_job_while_a_sweep_of_two_node_jobs_ends_with_its_table_and_report(cluster,
+                                                                                                 tmp_path):
+    """Side by side: a 2-node job stopped by Ctrl-C on its submitter, and a sweep of two 2-node
+    jobs (one runs beside the stopped job, the other in its place once it has gone)."""
     stopped, stopped_log = tmp_path / "stopped", tmp_path / "stopped.log"
+    sweep, log = tmp_path / "sweep", tmp_path / "log"
+    sweeping = None
     try:
-        plain = _Returned(_submit(cluster, *TWO_NODES, f"hydra.run.dir={run}", log=log))
         proc = _submit(cluster, *TWO_NODES, "training.steps=400", f"hydra.run.dir={stopped}", log=stopped_log)
+        # The sweep is submitted once the stopped job is, so that one of its jobs runs beside it.
+        wait_for(lambda: bool(_job_ids(stopped)), proc=proc, timeout=300, what="the stopped job's submission")
+        sweeping = _submit(cluster, "-m", *TWO_NODES, "training.steps=3", "training.seed=1,2",
+                           f"hydra.sweep.dir={sweep}", log=log)
         # Ctrl-C on a submitter while its 2-node job trains: both nodes stop, `interrupted`.
         wait_for(lambda: metric_rows(stopped) >= 2, proc=proc, timeout=300, what="two training steps")
         proc.send_signal(signal.SIGINT)
@@ -180,32 +188,8 @@ def test_a_run_returns_at_once_and_trains_like_one_node_while_ctrl_c_stops_anoth
         s = read_summary(stopped)
         assert s["status"] == "interrupted" and s["error"].startswith("stopped by SIGTERM") and s["nnodes"] == 2
 
-        # The plain run: its submitter returns at once after the job's end, losses bit for bit.
-        code, returned = plain.result(run, log)
-        assert code == 0, log.read_text()[-3000:]
-        latency = returned - _result_written(run)
-        print(f"submitter returned {latency:.1f} s after the job's result was written")
-        assert latency < 30, f"the submitter returned {latency:.1f} s after the job ended"
-        s = read_summary(run)
-        assert (s["status"], s["world_size"], s["nnodes"], s["steps_completed"]) == ("completed", 2, 2, 6)
-        # One torchrun agent per node, each in its own namespace (its own hostname).
-        agents = [json.loads((run / "logs" / f"agent_node{n}.json").read_text()) for n in (0, 1)]
-        assert [a["host"] for a in agents] == cluster["nodes"] and all(a["how"] == "done" for a in agents)
-        assert (run / "command.txt").read_text().startswith("srun --nodes=2 --ntasks-per-node=1 ")
-        script = next(run.glob(".submitit/*/*_submission.sh")).read_text()
-        assert "#SBATCH --nodes=2" in script and "#SBATCH --signal=USR2@120" in script
-        assert [row["loss"] for row in read_metrics(run)] == reference_losses  # bit for bit
-        _no_jobs_then_no_survivors(cluster, run)
-    finally:
-        _cleanup(cluster, run, stopped)
-
-
-def test_a_sweep_of_two_node_jobs_ends_with_its_table_and_report(cluster, tmp_path):
-    sweep, log = tmp_path / "sweep", tmp_path / "log"
-    try:
-        proc = _submit(cluster, "-m", *TWO_NODES, "training.steps=3", "training.seed=1,2", f"hydra.sweep.dir={sweep}",
-                       log=log)
-        code, _ = _finish(proc, sweep, log)
+        # The sweep: a job array of two 2-node jobs, its end table and report.
+        code, _ = _finish(sweeping, sweep, log)
         out = log.read_text()
         assert code == 0, out[-3000:]
         assert "qwen3exp sweep finished" in out and "2 completed" in out
@@ -214,7 +198,9 @@ def test_a_sweep_of_two_node_jobs_ends_with_its_table_and_report(cluster, tmp_pa
         assert [(s["status"], s["nnodes"], s["world_size"]) for s in summaries] == [("completed", 2, 2)] * 2
         _no_jobs_then_no_survivors(cluster, sweep)
     finally:
-        _cleanup(cluster, sweep)
+        if sweeping is not None and sweeping.poll() is None:
+            sweeping.kill()
+        _cleanup(cluster, stopped, sweep)
 
 
 def test_a_time_limited_job_requeues_and_resumes_while_a_killed_node_fails_another(cluster, tmp_path,
@@ -250,14 +236,30 @@ def test_a_time_limited_job_requeues_and_resumes_while_a_killed_node_fails_anoth
         node1 = f"node 1 ({cluster['nodes'][1]})"
         assert s["error"].startswith(f"{node1}: its torchrun agent (pid {agent['pid']}) was killed"), s["error"]
         _no_jobs_then_no_survivors(cluster, run)
-        # ... and a relaunch (the same command, no fault) resumes from the latest checkpoint.
-        proc = _submit(cluster, *args, log=tmp_path / "relaunch.log")
-        code, _ = _finish(proc, run, tmp_path / "relaunch.log")
-        assert code == 0, (tmp_path / "relaunch.log").read_text()[-3000:]
+        # ... and a relaunch (the same command, no fault) resumes from the latest checkpoint. It is
+        # also the plain 2-node run: its submitter returns at once after the job's end, and the run
+        # trains bit for bit like 1 node x 2 ranks.
+        failed_jobs = _job_ids(run)
+        relaunch_log = tmp_path / "relaunch.log"
+        proc = _submit(cluster, *args, log=relaunch_log)
+        code, _ = _finish(proc, run, relaunch_log)
+        returned = time.time()
+        assert code == 0, relaunch_log.read_text()[-3000:]
+        (job,) = set(_job_ids(run)) - set(failed_jobs)
+        latency = returned - _result_written(run, job)
+        print(f"submitter returned {latency:.1f} s after the job's result was written")
+        assert latency < 30, f"the submitter returned {latency:.1f} s after the job ended"
         s = read_summary(run)
         assert s["status"] == "completed" and s["resumed_from_step"] == 2
         assert [a["status"] for a in s["attempts"]] == ["failed", "completed"]
-        assert [row["loss"] for row in read_metrics(run)] == reference_losses
+        assert (s["status"], s["world_size"], s["nnodes"], s["steps_completed"]) == ("completed", 2, 2, 6)
+        # One torchrun agent per node, each in its own namespace (its own hostname).
+        agents = [json.loads((run / "logs" / f"agent_node{n}.json").read_text()) for n in (0, 1)]
+        assert [a["host"] for a in agents] == cluster["nodes"] and all(a["how"] == "done" for a in agents)
+        assert (run / "command.txt").read_text().startswith("srun --nodes=2 --ntasks-per-node=1 ")
+        script = next(run.glob(f".submitit/{job}/*_submission.sh")).read_text()
+        assert "#SBATCH --nodes=2" in script and "#SBATCH --signal=USR2@120" in script
+        assert [row["loss"] for row in read_metrics(run)] == reference_losses  # bit for bit
         _no_jobs_then_no_survivors(cluster, run)
 
         # The time-limited job: checkpointed at the signal, requeued (the same job), resumed.

@@ -3,7 +3,10 @@ failing job does not stop the sweep, report table + loss plot, diff, provenance,
 
 The 2 x 2 sweep (experiment=tiny_sweep, training.lr x training.seed) is run once per module: it is
 interrupted with a real SIGINT once its second job has finished, then the same command is run again
-and must run only the remaining jobs. The other slow tests read that sweep's run directories.
+and must run only the remaining jobs. The other slow tests read that sweep's run directories. The
+sweep with a failing job runs beside it (started by a module fixture, checked by its own test).
+The trained sweeps run 1 rank per job (launcher.nproc_per_node=1): nothing here is about sharding,
+and every job is a torchrun start.
 """
 
 from __future__ import annotations
@@ -22,13 +25,15 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, read_metrics, read_summary, run_cli
+from runprocs import Background
 
-SWEEP = ["-m", "experiment=tiny_sweep", "training.lr=1e-3,3e-3", "training.seed=1,2"]
+ONE_RANK = "launcher.nproc_per_node=1"
+SWEEP = ["-m", "experiment=tiny_sweep", ONE_RANK, "training.lr=1e-3,3e-3", "training.seed=1,2"]
 POINTS = [("0.001", "1"), ("0.001", "2"), ("0.003", "1"), ("0.003", "2")]
 
 
 def job_dir(sweep_dir: Path, lr: str, seed: str) -> Path:
-    return sweep_dir / f"experiment=tiny_sweep,training.lr={lr},training.seed={seed}"
+    return sweep_dir / f"experiment=tiny_sweep,{ONE_RANK},training.lr={lr},training.seed={seed}"
 
 
 def _env() -> dict:
@@ -82,11 +87,30 @@ def test_wandb_opt_in_is_checked_before_start(tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+# ------------------------------------------------------------------ slow: a job that fails
+FAILING = ["-m", "experiment=tiny_sweep", ONE_RANK, "training.steps=2", "training.seed=1,2", "metrics.wandb=true"]
+"""Point 1 fails in its ranks (an injected error at step 1, only in that job's folder); point 2
+still runs. Both use W&B (opt-in) in offline mode."""
+
+
+@pytest.fixture(scope="module")
+def failing(tmp_path_factory):
+    """The sweep with a failing job, started before the interrupted sweep (which requests it) so
+    that the two run side by side; test_failing_job_is_recorded_and_the_sweep_goes_on collects it."""
+    d = tmp_path_factory.mktemp("failing") / "sweep"
+    started = Background(*FAILING, f"hydra.sweep.dir={d}", folder=d.parent / "launcher",
+                         WANDB_MODE="offline", QWEN3EXP_FAULT_RAISE_AT_STEP="1",
+                         QWEN3EXP_FAULT_RUN_MATCH="training.seed=1,")
+    yield d, started
+    started.stop(d)
+
+
 # ---------------------------------------------------------------- slow: the interrupted sweep
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
+def sweep(tmp_path_factory, failing):
     """Run the 2 x 2 sweep, SIGINT it once the second job has finished and the third has started
-    (its run directory is written), then rerun the same command."""
+    (its run directory is written), then rerun the same command. (The sweep with a failing job
+    runs beside it.)"""
     sweep_dir = tmp_path_factory.mktemp("sweeps") / "lr_x_seed"
     args = [*SWEEP, f"hydra.sweep.dir={sweep_dir}"]
     proc = subprocess.Popen([sys.executable, "-m", "qwen3exp", *args], cwd=REPO, env=_env(),
@@ -156,7 +180,7 @@ def test_report_table_has_a_row_per_run_and_the_varied_keys(sweep):
     # Ranked by the objective (the validation loss, minimized), best first.
     assert [float(row["val loss"]) for row in rows] == sorted(float(row["val loss"]) for row in rows)
     md = run_cli(str(d), "--format", "markdown", "--no-files", module="qwen3exp.analysis.report").stdout
-    assert md.count("| experiment=tiny_sweep,training.lr=") == 4
+    assert md.count(f"| experiment=tiny_sweep,{ONE_RANK},training.lr=") == 4
     report_md = (d / "report.md").read_text()
     assert report_md.count("\n") == 8 and (d / "report.csv").exists()  # header, rule, 4 rows, blank, ranking
     assert "Ranked by val_loss (minimized), best first. Best by val_loss" in report_md
@@ -271,18 +295,15 @@ def test_relaunch_from_a_run_directory_reproduces_the_losses(sweep, tmp_path):
 
 # ------------------------------------------------------------------ slow: a job that fails
 @pytest.mark.slow
-def test_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
+def test_failing_job_is_recorded_and_the_sweep_goes_on(failing):
     """Point 1 fails in its ranks (an injected error at step 1, only in that job's folder); point 2
     still runs. Both use W&B (opt-in) in offline mode, which must leave its files in the run directory."""
-    d = tmp_path / "sweep"
-    r = run_cli("-m", "experiment=tiny_sweep", "training.steps=2", "training.seed=1,2",
-                "metrics.wandb=true", f"hydra.sweep.dir={d}",
-                env={"WANDB_MODE": "offline", "QWEN3EXP_FAULT_RAISE_AT_STEP": "1",
-                     "QWEN3EXP_FAULT_RUN_MATCH": "training.seed=1,"})
+    d, started = failing
+    r = started.result()
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
     # as Hydra's sweeper renders it
-    failed = d / "experiment=tiny_sweep,metrics.wandb=True,training.seed=1,training.steps=2"
-    done = d / "experiment=tiny_sweep,metrics.wandb=True,training.seed=2,training.steps=2"
+    failed = d / f"experiment=tiny_sweep,{ONE_RANK},metrics.wandb=True,training.seed=1,training.steps=2"
+    done = d / f"experiment=tiny_sweep,{ONE_RANK},metrics.wandb=True,training.seed=2,training.steps=2"
     assert sorted(p.name for p in d.iterdir() if p.is_dir()) == sorted([failed.name, done.name])
     assert read_summary(failed)["status"] == "failed" and "injected fault" in read_summary(failed)["error"]
     assert read_summary(done)["status"] == "completed" and read_summary(done)["steps_completed"] == 2
