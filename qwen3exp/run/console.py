@@ -39,12 +39,7 @@ def strip_ansi(text: str) -> str:
 
 def colour_allowed(stream) -> bool:
     """Colour on a TTY, unless NO_COLOR is set to anything but the empty string."""
-    if os.environ.get("NO_COLOR"):
-        return False
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):
-        return False
+    return not os.environ.get("NO_COLOR") and _isatty(stream)
 
 
 class ConsoleHandler(logging.Handler):
