@@ -59,7 +59,10 @@ def run(overrides: Sequence[str] = (), *, config_dir: str | Path | None = None, 
     summary can be read back); `quiet`: keep the child's output out of the notebook (it is in the
     run directory's logs) unless the run is refused."""
     if run_dir is None:
-        run_dir = Path("outputs") / compose(overrides, config_dir=config_dir).name / stamp()
+        try:  # the run's name, for its default directory: a mistake is refused like the command line's
+            run_dir = Path("outputs") / compose(overrides, config_dir=config_dir).name / stamp()
+        except ConfigError as e:
+            raise Refused(e.render()) from None
     from qwen3exp.config.compose import quote_value
 
     argv = [*_argv(overrides, config_dir), f"hydra.run.dir={quote_value(str(run_dir))}"]

@@ -7,9 +7,12 @@ The command-line layer prints them and exits with code 2, without a traceback.
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, field
 
 EXIT_CONFIG_ERROR = 2
+EXIT_CHECK_CRASHED = 70
+"""A check raised an unexpected exception (a bug in qwen3exp, sysexits' EX_SOFTWARE): nothing started."""
 
 
 @dataclass(frozen=True)
@@ -25,14 +28,34 @@ class Problem:
 
     def render(self) -> str:
         value = repr(self.value) if not isinstance(self.value, _Missing) else "(missing)"
-        lines = [f"  {self.key} = {value}: {self.message}"]
+        lines = [f"  {printable(self.key, 200)} = {printable(value, MAX_VALUE_CHARS)}: {printable(self.message)}"]
         if self.allowed:
-            lines.append(f"      allowed: {self.allowed}")
+            lines.append(f"      allowed: {printable(self.allowed)}")
         if self.source:
-            lines.append(f"      from: {self.source}")
+            lines.append(f"      from: {printable(self.source)}")
         if self.hint:
-            lines.append(f"      {self.hint}")
+            lines.append(f"      {printable(self.hint)}")
         return "\n".join(lines)
+
+
+MAX_VALUE_CHARS = 200
+"""A value is shown up to this many characters (a 100,000-character value is cut, its length said)."""
+MAX_TEXT_CHARS = 2000
+
+
+def printable(text: str, limit: int = MAX_TEXT_CHARS) -> str:
+    """`text` safe to print on a terminal: control characters (ESC and the other C0/C1 codes, DEL; a
+    value from a file or a command line can hold raw terminal escapes) shown as \\x.. escapes, and
+    cut to `limit` characters with the length said."""
+    out = _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
+    if len(out) > limit:
+        out = f"{out[:limit]}... ({len(out):,} characters)"
+    return out
+
+
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+"""Every control character but tab and newline, and lone surrogates (undecodable bytes of a
+non-UTF-8 argument)."""
 
 
 class _Missing:

@@ -27,9 +27,13 @@ class _Strict(BaseModel):
                               allow_inf_nan=False)
 
 
-PosInt = Annotated[int, Field(gt=0)]
-NonNegInt = Annotated[int, Field(ge=0)]
-Degree = Annotated[int, Field(ge=-1)]
+INT_MAX = 2**31 - 1
+"""Every integer key's upper bound: counts, degrees, sizes and seeds all fit a signed 32-bit integer
+(torch, torchtitan and the C extensions they call take C ints or longs; a value beyond 64 bits
+passes a bare `int` and breaks a rank, after the workers started)."""
+PosInt = Annotated[int, Field(gt=0, le=INT_MAX)]
+NonNegInt = Annotated[int, Field(ge=0, le=INT_MAX)]
+Degree = Annotated[int, Field(ge=-1, le=INT_MAX)]
 
 
 # --------------------------------------------------------------------------------------- model
@@ -108,7 +112,7 @@ class Training(_Strict):
     steps: PosInt = 30
     seq_len: PosInt = 256
     local_batch_size: PosInt = 8
-    global_batch_size: int = -1
+    global_batch_size: Annotated[int, Field(le=INT_MAX)] = -1
     """-1: local_batch_size x data-parallel degree (no gradient accumulation)."""
     lr: Annotated[float, Field(gt=0)] = 3e-3
     warmup_steps: NonNegInt | None = None
@@ -709,12 +713,14 @@ def _seq_len_problem(seq: int, tp: int, cp: int) -> Problem:
                    f"nearest valid values: {nearest}")
 
 
-def arch_problems(exp: Experiment, base: Arch, origin: str) -> list[Problem]:
+def arch_problems(model: Any, training: Training | None, parallelism: Parallelism | None, kernels: Kernels | None,
+                  base: Arch, origin: str) -> list[Problem]:
     """Every setting the architecture rules out. `base` is the architecture before the experiment's
     reductions (a flavor's, or config.json's for flavor=auto and model=hf, checked before launch);
-    `origin` names it in messages."""
-    problems = section_arch_problems(exp.model, exp.training, exp.parallelism, base, origin)
-    if exp.kernels.moe.impl == "nki" and base.moe is None:
+    `origin` names it in messages. A None section (one that did not validate on its own) skips the
+    rules that read it."""
+    problems = section_arch_problems(model, training, parallelism, base, origin)
+    if kernels is not None and kernels.moe.impl == "nki" and base.moe is None:
         problems.append(Problem("kernels.moe.impl", "nki", f"{origin} is dense: it has no experts for kernels=nki_moe",
                                 "torchtitan for dense models (nki needs an MoE model: tiny_moe, 30B-A3B, ...)"))
     return problems

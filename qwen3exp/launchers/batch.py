@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qwen3exp.config.schema import Experiment, SlurmLauncher
-from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError, Problem
+from qwen3exp.errors import EXIT_CHECK_CRASHED, EXIT_CONFIG_ERROR, ConfigError, Problem
 from qwen3exp.launchers import sweep
 from qwen3exp.run import rundir
 
@@ -170,24 +170,36 @@ def _with_source(p: Problem, provenance) -> Problem:
 def rerun_problem(exp: Experiment, run_dir: Path) -> Problem | None:
     """A directory that holds a run is never overwritten. The one exception is resuming: a
     resumable checkpoint kind (dcp) and the same experiment (`qwen3exp.run.identity`) continue
-    from the latest checkpoint. None: the rerun may go ahead."""
+    from the latest checkpoint. None: the rerun may go ahead. The message says in one sentence what
+    the directory holds, and the hint gives the command that continues it (where one can) and the
+    one that starts anew."""
     from qwen3exp.run import identity
 
     recorded = rundir.read_experiment(run_dir) is not None
     if exp.checkpoint.resumable and recorded and identity.same(exp, run_dir):
         return None
-    if not exp.checkpoint.resumable:
-        message = (f"already holds a run; it is never overwritten (only checkpoint={exp.checkpoint.kind} "
-                   "reruns of a resumable kind, checkpoint=dcp, continue)")
+    summary = rundir.read_json(run_dir / rundir.SUMMARY)
+    status = summary.get("status") if isinstance(summary, dict) else None
+    held = f"a {status} run" if isinstance(status, str) and status.isidentifier() else "a run"
+    anew = "start anew in a new directory: drop hydra.run.dir=... (the default adds a timestamp) or pick another"
+    same = recorded and identity.same(exp, run_dir)
+    if same:  # the same experiment, but it keeps no resumable checkpoint
+        message = (f"holds {held} of this same experiment, which keeps no resumable checkpoint "
+                   f"(checkpoint={exp.checkpoint.kind}), so there is nothing to continue; it is never overwritten")
+        hint = anew
     elif not recorded:
-        message = f"already holds files of a run but no {rundir.EXPERIMENT}; cannot resume"
+        message = (f"holds files of {held} but no {rundir.EXPERIMENT}, so it cannot be continued; "
+                   "it is never overwritten")
+        hint = anew
     else:
         changed = identity.differing_keys(exp, run_dir)
-        message = (f"holds a run of a different experiment (identity {str(identity.of_run(run_dir))[:12]}, "
-                   f"this one {identity.of(exp)[:12]}; differing keys: {', '.join(changed) or '?'}); "
-                   "a dcp rerun resumes only the same experiment")
-    return Problem("hydra.run.dir", str(run_dir), message, "a new directory (the default adds a timestamp)",
-                   "choose another name=... or hydra.run.dir=..., or rerun with exactly the same settings")
+        message = (f"holds {held} of a different experiment (differing keys: {', '.join(changed) or '?'}); "
+                   "it is never overwritten")
+        hint = (f"to continue that run with its own settings: qwen3exp relaunch {run_dir} hydra.run.dir={run_dir}; "
+                f"to {anew}"
+                if rundir.latest_checkpoint_step(run_dir) is not None else anew)
+    return Problem("hydra.run.dir", str(run_dir), message, "a new directory, or a dcp run of this same experiment "
+                   "(which continues from its latest checkpoint)", hint)
 
 
 def run_dir_problems(point: Point) -> list[Problem]:
@@ -236,22 +248,87 @@ def _refuse(e: ConfigError) -> None:
     raise SystemExit(EXIT_CONFIG_ERROR)
 
 
+_started: list[bool] = [False]
+"""Whether this process's launcher has started (or submitted) a job: until then, whatever stops the
+launch (a refusal, a crash in a check, Ctrl-C or SIGHUP while planning) leaves nothing behind."""
+
+
+def job_started() -> bool:
+    return _started[0]
+
+
+def _checked(check, *args, **kwargs):
+    """`check(...)`; an exception other than a refusal is a bug in qwen3exp: said so, with its
+    traceback (for the bug report), and exit EXIT_CHECK_CRASHED with nothing started."""
+    try:
+        return check(*args, **kwargs)
+    except ConfigError as e:
+        _refuse(e)
+        raise
+    except Exception as e:
+        import traceback
+
+        traceback.print_exc()
+        print(f"qwen3exp: a check crashed ({type(e).__name__}: {str(e)[:300]}); this is a bug in qwen3exp, not "
+              "a mistake of yours: please report it with the traceback above. Nothing was started.",
+              file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_CHECK_CRASHED) from None
+
+
 # --------------------------------------------------------------------------------------- launch
 def launch(config, hydra_context, task_function, job_overrides: Sequence[Sequence[str]],
            initial_job_idx: int) -> list:
     """Check and plan every job of the batch, then run them (see the module docstring)."""
     from hydra.core.utils import configure_log, setup_globals
-    from omegaconf import OmegaConf, open_dict
+    from omegaconf import OmegaConf
 
-    from qwen3exp.config.compose import BASIC_SWEEPER, composition_problems, register_resolvers
-    from qwen3exp.run import identity
+    from qwen3exp.config.compose import BASIC_SWEEPER, register_resolvers
 
     setup_globals()
     register_resolvers()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    single = str(OmegaConf.select(config, "hydra.sweep.subdir", default="")) == "."
+    cfgs, points, jobs, slurm = _checked(_check_batch, config, hydra_context, job_overrides, initial_job_idx, single)
+    dry = any(p.exp.dry_run for p in points)
+    if not single:
+        print(sweep.describe(jobs, sweep_dir), flush=True)
+        if not dry:
+            sweep.record(sweep_dir, jobs)
+    if dry:
+        from qwen3exp.plan.render import print_plans
+
+        print_plans(points)
+        return [_job_return(cfg, {"status": "planned", "run_dir": p.run_dir})
+                for cfg, p in zip(cfgs, points, strict=True)]
+    _started[0] = True
+    if slurm:
+        returns = _submit(config, hydra_context, task_function, points, jobs, cfgs)
+    elif (parallel := parallel_jobs(points)) > 1:
+        returns = _in_parallel(config, hydra_context, task_function, points, jobs, cfgs, parallel)
+    else:
+        returns = []
+        for cfg, point, job in zip(cfgs, points, jobs, strict=True):
+            if job.state == sweep.DONE:
+                print(f"qwen3exp: skipped (completed earlier, same experiment): {point.run_dir}", flush=True)
+                returns.append(_job_return(cfg, {"status": "completed", "skipped": True, "run_dir": point.run_dir}))
+                continue
+            returns.append(_run_job(hydra_context, cfg, functools.partial(run_point, point)))
+    basic = OmegaConf.select(config, "hydra.sweeper._target_", default=None) in (None, BASIC_SWEEPER)
+    return [_for_sweeper(ret, Path(p.run_dir), basic=basic) for ret, p in zip(returns, points, strict=True)]
+
+
+def _check_batch(config, hydra_context, job_overrides: Sequence[Sequence[str]], initial_job_idx: int,
+                 single: bool) -> tuple[list, list[Point], list, bool]:
+    """Compose, check and plan every job of the batch; refuse (exit 2) with every problem of every
+    job. Returns (configs, points, sweep jobs, whether SLURM runs them)."""
+    from omegaconf import open_dict
+
+    from qwen3exp.config.compose import composition_problems
+    from qwen3exp.run import identity
+
     loader = hydra_context.config_loader
     files = HydraFiles(loader, str(config.hydra.job.config_name), list(config.hydra.overrides.hydra))
-    single = str(OmegaConf.select(config, "hydra.sweep.subdir", default="")) == "."
     sweep_dir = Path(str(config.hydra.sweep.dir))
     cfgs, points, errors = [], [], []
     for i, overrides in enumerate(job_overrides):
@@ -286,31 +363,7 @@ def launch(config, hydra_context, task_function, job_overrides: Sequence[Sequenc
             _sweep_disk(jobs, points, sweep_dir)
     except ConfigError as e:
         _refuse(e)
-    dry = any(p.exp.dry_run for p in points)
-    if not single:
-        print(sweep.describe(jobs, sweep_dir), flush=True)
-        if not dry:
-            sweep.record(sweep_dir, jobs)
-    if dry:
-        from qwen3exp.plan.render import print_plans
-
-        print_plans(points)
-        return [_job_return(cfg, {"status": "planned", "run_dir": p.run_dir})
-                for cfg, p in zip(cfgs, points, strict=True)]
-    if slurm:
-        returns = _submit(config, hydra_context, task_function, points, jobs, cfgs)
-    elif (parallel := parallel_jobs(points)) > 1:
-        returns = _in_parallel(config, hydra_context, task_function, points, jobs, cfgs, parallel)
-    else:
-        returns = []
-        for cfg, point, job in zip(cfgs, points, jobs, strict=True):
-            if job.state == sweep.DONE:
-                print(f"qwen3exp: skipped (completed earlier, same experiment): {point.run_dir}", flush=True)
-                returns.append(_job_return(cfg, {"status": "completed", "skipped": True, "run_dir": point.run_dir}))
-                continue
-            returns.append(_run_job(hydra_context, cfg, functools.partial(run_point, point)))
-    basic = OmegaConf.select(config, "hydra.sweeper._target_", default=None) in (None, BASIC_SWEEPER)
-    return [_for_sweeper(ret, Path(p.run_dir), basic=basic) for ret, p in zip(returns, points, strict=True)]
+    return cfgs, points, jobs, slurm
 
 
 class TrialFailed(RuntimeError):

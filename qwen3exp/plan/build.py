@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable, Mapping, Set as AbstractSet
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from qwen3exp.config.flavors import Arch
 from qwen3exp.config.schema import Experiment, NativeModel
@@ -286,21 +286,23 @@ def section_problems(sections: dict[str, Any], replaced: AbstractSet[str] = froz
 
 
 def _section_problems(sections: dict[str, Any]) -> list[Problem]:
-    from types import SimpleNamespace
-
     from qwen3exp.plan import data_files, model_files
-    from qwen3exp.platforms import resolve
 
     problems: list[Problem] = []
-    if all(k in sections for k in ("model", "checkpoint", "training", "parallelism")):
-        try:  # model_files only reads these four sections
-            model_files.check(cast(Experiment, SimpleNamespace(**{k: sections[k] for k in (
-                "model", "checkpoint", "training", "parallelism")})))
+    # The model files need the model, its checkpoint and the mesh degrees; without one of them the
+    # check is skipped (that section's own problem is reported). training and kernels are optional.
+    if all(k in sections for k in ("model", "checkpoint", "parallelism")):
+        try:
+            model_files.check(model_files.ModelSections(
+                sections["model"], sections["checkpoint"], sections["parallelism"],
+                sections.get("training"), sections.get("kernels")))
         except ConfigError as e:
             problems += e.problems
     if "data" in sections:
         problems += data_files.data_problems(sections["data"], sections.get("validation"))
     if all(k in sections for k in ("parallelism", "launcher", "platform")):
+        from qwen3exp.platforms import resolve
+
         try:
             # The experiment as a whole is invalid, so nothing starts: plan without probing devices.
             facts = resolve(sections["platform"], nproc_per_node=sections["launcher"].nproc_per_node, dry_run=True)

@@ -40,7 +40,20 @@ from qwen3exp.config.flavors import (
     hf_param_shapes,
     read_hf_config,
 )
-from qwen3exp.config.schema import Experiment, HFLoad, HFRoundtrip, arch_problems
+from qwen3exp.config.schema import (
+    DcpCheckpoint,
+    Experiment,
+    HFExport,
+    HFLoad,
+    HFModel,
+    HFRoundtrip,
+    Kernels,
+    NativeModel,
+    NoCheckpoint,
+    Parallelism,
+    Training,
+    arch_problems,
+)
 from qwen3exp.errors import ConfigError, Problem, nearby_path
 from qwen3exp.plan import model_ref
 from qwen3exp.plan.model_ref import ModelRef
@@ -56,6 +69,25 @@ BUNDLED = "the tokenizer bundled with qwen3exp"
 
 
 @dataclass(frozen=True)
+class ModelSections:
+    """What the model-file checks read of an experiment: `check` takes this (or the Experiment,
+    which has them all). When the experiment as a whole is invalid the command line still runs these
+    checks on the sections that validated on their own, so that a mistake elsewhere does not hide a
+    wrong model folder: `training` and `kernels` may then be None, and the rules that read them are
+    skipped (a bad seq_len or kernel choice is reported by its own section's validation)."""
+
+    model: NativeModel | HFModel
+    checkpoint: NoCheckpoint | DcpCheckpoint | HFLoad | HFExport | HFRoundtrip
+    parallelism: Parallelism
+    training: Training | None = None
+    kernels: Kernels | None = None
+
+
+Sections = Experiment | ModelSections
+"""What every function here reads: an Experiment, or the model sections of an invalid one."""
+
+
+@dataclass(frozen=True)
 class Refs:
     """The experiment's model references, resolved (None: the key is not set)."""
     assets: ModelRef | None
@@ -66,26 +98,26 @@ class Refs:
     def all(self) -> list[ModelRef]:
         return [r for r in (self.assets, self.hf_model, self.checkpoint) if r is not None]
 
-    def tokenizer(self, exp: Experiment) -> ModelRef | None:
+    def tokenizer(self, exp: Sections) -> ModelRef | None:
         """Where the tokenizer comes from: hf_assets_path, else (model=hf) hf_model, else None (bundled)."""
         if self.assets is not None:
             return self.assets
         return self.hf_model if exp.model.backend == "hf" else None
 
-    def config(self, exp: Experiment) -> ModelRef | None:
+    def config(self, exp: Sections) -> ModelRef | None:
         """Where config.json comes from (model=hf: hf_model, else hf_assets_path); None: bundled."""
         if exp.model.backend == "hf" and self.hf_model is not None:
             return self.hf_model
         return self.assets
 
-    def weights(self, exp: Experiment) -> ModelRef | None:
+    def weights(self, exp: Sections) -> ModelRef | None:
         """Where the step-0 safetensors come from (checkpoint.path, else the tokenizer's reference)."""
         if not exp.checkpoint.loads_weights:
             return None
         return self.checkpoint if self.checkpoint is not None else self.tokenizer(exp)
 
 
-def refs(exp: Experiment) -> Refs:
+def refs(exp: Sections) -> Refs:
     """Resolve every model reference of the experiment (offline); problems name the key."""
     m, c = exp.model, exp.checkpoint
     problems: list[Problem] = []
@@ -207,7 +239,7 @@ def resolve_arch(exp: Experiment) -> Arch:
     return arch
 
 
-def check(exp: Experiment) -> ModelFiles:
+def check(exp: Sections) -> ModelFiles:
     """Resolve and check the model's files; raise ConfigError naming every problem."""
     r = refs(exp)
     problems: list[Problem] = list(r.problems)
@@ -228,7 +260,7 @@ def check(exp: Experiment) -> ModelFiles:
         base = FLAVORS[exp.model.flavor]
     else:
         base = arch
-        problems += arch_problems(exp, base, source)
+        problems += arch_problems(exp.model, exp.training, exp.parallelism, exp.kernels, base, source)
     m = exp.model
     if m.backend == "native":
         arch = base.reduced(n_layers=m.n_layers, num_experts=m.num_experts, top_k=m.top_k)
@@ -250,7 +282,7 @@ def check(exp: Experiment) -> ModelFiles:
                       tokenizer_ref=tok_ref, weights_ref=w_ref)
 
 
-def _hf_moe_problems(exp: Experiment, arch: Arch) -> list[Problem]:
+def _hf_moe_problems(exp: Sections, arch: Arch) -> list[Problem]:
     """model=hf trains transformers' own MoE block (torchtitan 0.3.0 never swaps its MoE in, see
     qwen3exp/titan/hf_model.py), which has no tensor- or expert-parallel plan."""
     p = exp.parallelism
@@ -295,7 +327,7 @@ def _arch_of(key: str, value: str, cfg: dict, problems: list[Problem], backend: 
         return None
 
 
-def remote_code_problems(exp: Experiment, r: Refs | None = None) -> list[Problem]:
+def remote_code_problems(exp: Sections, r: Refs | None = None) -> list[Problem]:
     """Every model folder the experiment reads (model.hf_assets_path, model.hf_model,
     checkpoint.path) whose config.json has an `auto_map`: the entry through which transformers
     imports and runs Python files shipped in the folder (trust_remote_code). qwen3exp reads model
@@ -328,7 +360,7 @@ def remote_code_problems(exp: Experiment, r: Refs | None = None) -> list[Problem
     return problems
 
 
-def _resolve_arch(exp: Experiment, r: Refs, problems: list[Problem]) -> tuple[Arch | None, str]:
+def _resolve_arch(exp: Sections, r: Refs, problems: list[Problem]) -> tuple[Arch | None, str]:
     m = exp.model
     cfg_ref = r.config(exp)
     folder = _folder(cfg_ref)
@@ -375,7 +407,7 @@ def tokenizer_vocab_size(folder: Path) -> int | None:
     return max(ids) + 1 if ids else 0
 
 
-def _tokenizer_problems(exp: Experiment, r: Refs, folder: Path, arch: Arch,
+def _tokenizer_problems(exp: Sections, r: Refs, folder: Path, arch: Arch,
                         weights: Path | None) -> tuple[int | None, list[Problem]]:
     """(the tokenizer's vocabulary, problems): the tokenizer exists, its ids fit the model's
     embedding, and it is the model's own: a tokenizer from another folder than the model's config or
