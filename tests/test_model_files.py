@@ -172,3 +172,45 @@ def test_schema_touches_no_files(tmp_path):
     exp = validate_experiment(compose("model.flavor=auto", f"model.hf_assets_path={tmp_path / 'later'}"))
     with pytest.raises(ConfigError):
         model_files.check(exp)
+
+
+WRONG_SHAPES = {
+    # file, what it becomes, text the problem holds
+    "config_is_a_list": ("config.json", lambda d: [1, 2], "holds a JSON list"),
+    "nan_rope_theta": ("config.json", lambda d: {**d, "rope_parameters": {"rope_theta": float("nan")}},
+                       "rope_theta is nan, not a finite number > 0"),
+    "infinite_norm_eps": ("config.json", lambda d: {**d, "rms_norm_eps": float("inf")}, "rms_norm_eps is inf"),
+    "layers_as_text": ("config.json", lambda d: {**d, "num_hidden_layers": "two"}, "not a positive integer"),
+    "a_trillion_layers": ("config.json", lambda d: {**d, "num_hidden_layers": 10**12}, "beyond any Qwen3"),
+    "tokenizer_is_a_list": ("tokenizer.json", lambda d: [1], "tokenizer files are unreadable"),
+    "tokenizer_model_is_text": ("tokenizer.json", lambda d: {**d, "model": "x"}, "tokenizer files are unreadable"),
+    "added_tokens_not_a_list": ("tokenizer.json", lambda d: {**d, "added_tokens": 5}, "tokenizer files are unreadable"),
+    "decoder_is_a_list": ("tokenizer_config.json", lambda d: {**d, "added_tokens_decoder": [1]},
+                          "added_tokens_decoder is a JSON list"),
+    "index_is_a_list": ("model.safetensors.index.json", lambda d: [1], "is unreadable"),
+    "weight_map_of_numbers": ("model.safetensors.index.json", lambda d: {"weight_map": {"a": 5}},
+                              "weight_map is not an object"),
+    "index_leaves_the_folder": ("model.safetensors.index.json", lambda d: {"weight_map": {"a": "../../etc/passwd"}},
+                                "not a file of the model's folder"),
+}
+
+
+@pytest.mark.parametrize("case", WRONG_SHAPES)
+def test_model_files_of_the_wrong_shape_are_problems(tmp_path, ckpt, case):
+    """config.json, tokenizer.json, tokenizer_config.json and the safetensors index with the wrong
+    shape or types (a NaN rope_theta, 10^12 layers, a list where an object belongs, a file name
+    outside the folder): each is a Problem naming model.hf_assets_path, found in well under a second,
+    never an exception from deep inside the check."""
+    import time
+
+    name, change, said = WRONG_SHAPES[case]
+    folder = tmp_path / "model"
+    shutil.copytree(ckpt, folder)
+    path = folder / name
+    path.write_text(json.dumps(change(json.loads(path.read_text()) if path.is_file() else {})))
+    exp = validate_experiment(compose("model.flavor=auto", f"model.hf_assets_path={folder}", "checkpoint=hf_load"))
+    started = time.perf_counter()
+    with pytest.raises(ConfigError) as e:
+        model_files.check(exp)
+    assert time.perf_counter() - started < 5
+    assert any(p.key == "model.hf_assets_path" and said in p.message for p in e.value.problems), e.value.render()

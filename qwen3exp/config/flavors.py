@@ -215,7 +215,7 @@ def arch_from_hf_config(cfg: dict, *, backend: str = "native") -> Arch:
         if not isinstance(rope, dict):
             rope = {}
         # Missing keys take transformers' Qwen3Config defaults, as AutoConfig would.
-        theta = float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0)
+        theta = _finite(cfg, "rope_theta", _finite(rope, "rope_theta", 10000.0))
         moe = None
         # transformers 5 writes num_local_experts; published 4.x configs say num_experts.
         experts = cfg.get("num_experts") or cfg.get("num_local_experts")
@@ -235,12 +235,14 @@ def arch_from_hf_config(cfg: dict, *, backend: str = "native") -> Arch:
             n_heads=n_heads,
             n_kv_heads=_positive(cfg, "num_key_value_heads") if cfg.get("num_key_value_heads") is not None else n_heads,
             head_dim=_positive(cfg, "head_dim") if cfg.get("head_dim") is not None else dim // n_heads,
-            hidden_dim=int(cfg.get("intermediate_size") or (moe.hidden_dim if moe else 0)),
+            hidden_dim=(_positive(cfg, "intermediate_size") if cfg.get("intermediate_size") is not None
+                        else (moe.hidden_dim if moe else 0)),
             vocab_size=_positive(cfg, "vocab_size"),
             tied=bool(cfg.get("tie_word_embeddings", False)),
             rope_theta=theta,
-            max_seq_len=int(cfg.get("max_position_embeddings", 32768)),
-            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            max_seq_len=(_positive(cfg, "max_position_embeddings") if cfg.get("max_position_embeddings") is not None
+                         else 32768),
+            norm_eps=_finite(cfg, "rms_norm_eps", 1e-6),
             moe=moe,
         )
     except HFConfigError:
@@ -251,13 +253,44 @@ def arch_from_hf_config(cfg: dict, *, backend: str = "native") -> Arch:
         raise HFConfigError(f"config.json holds a value that is not a number ({e})") from e
 
 
+HF_LIMITS = {"num_hidden_layers": 1024, "num_experts": 4096, "num_local_experts": 4096, "num_experts_per_tok": 4096,
+             "num_attention_heads": 4096, "num_key_value_heads": 4096, "head_dim": 65536}
+"""Upper bounds of a Qwen3 config.json's counts, about 10x the largest published model's (94 layers,
+128 experts, 64 heads): a config.json with 10^12 layers must be refused in a second, not planned
+layer by layer (the checks list every tensor per layer and expert)."""
+HF_SIZE_LIMIT = 1 << 24
+"""Every other size (hidden_size, vocab_size, intermediate sizes): at most 16M."""
+
+
 def _positive(cfg: dict, key: str) -> int:
     """cfg[key] as an int > 0 (a zero head count would divide by zero below, in torchtitan or in
-    transformers)."""
+    transformers) and within `HF_LIMITS`."""
     value = cfg[key]
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise HFConfigError(f"config.json {key} is {value!r}, not a positive integer")
+        raise HFConfigError(f"config.json {key} is {_shown(value)}, not a positive integer")
+    limit = HF_LIMITS.get(key, HF_SIZE_LIMIT)
+    if value > limit:
+        raise HFConfigError(f"config.json {key} is {value}, beyond any Qwen3 (at most {limit})")
     return value
+
+
+def _finite(cfg: dict, key: str, default: float, *, positive: bool = True) -> float:
+    """cfg[key] (or `default` when it is absent or null) as a finite float (> 0 where `positive`):
+    a NaN rope_theta or an infinite norm epsilon trains NaN losses in every rank."""
+    import math
+
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or \
+            (positive and value <= 0):
+        raise HFConfigError(f"config.json {key} is {_shown(value)}, not a finite number" + (" > 0" if positive else ""))
+    return float(value)
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:80] + "..."
 
 
 def hf_param_shapes(arch: Arch) -> dict[str, tuple[int, ...]]:

@@ -403,7 +403,10 @@ def tokenizer_vocab_size(folder: Path) -> int | None:
         return None
     cfg = folder / "tokenizer_config.json"
     if cfg.is_file():
-        ids += [int(i) for i in (json.loads(cfg.read_text()).get("added_tokens_decoder") or {})]
+        decoder = json.loads(cfg.read_text()).get("added_tokens_decoder") or {}
+        if not isinstance(decoder, dict):  # transformers reads it as {id: token}
+            raise TypeError(f"{cfg.name}'s added_tokens_decoder is a JSON {type(decoder).__name__}, not an object")
+        ids += [int(i) for i in decoder]
     return max(ids) + 1 if ids else 0
 
 
@@ -417,7 +420,7 @@ def _tokenizer_problems(exp: Sections, r: Refs, folder: Path, arch: Arch,
     key, value = (ref.key, ref.value) if ref is not None else ("model.hf_assets_path", str(folder))
     try:
         n = tokenizer_vocab_size(folder)
-    except (OSError, json.JSONDecodeError, TypeError, KeyError, ValueError) as e:
+    except (OSError, json.JSONDecodeError, TypeError, KeyError, ValueError, AttributeError) as e:
         return None, [Problem(key, value, f"tokenizer files are unreadable ({e})")]
     if n is None:
         return None, [Problem(key, value, "holds no tokenizer" + (f" ({folder})" if ref and ref.is_hub else ""),
@@ -434,7 +437,7 @@ def _tokenizer_problems(exp: Sections, r: Refs, folder: Path, arch: Arch,
     for okey, ovalue, ofolder in dict.fromkeys(owners):
         try:
             own = tokenizer_vocab_size(ofolder)
-        except (OSError, json.JSONDecodeError, TypeError, KeyError, ValueError):
+        except (OSError, json.JSONDecodeError, TypeError, KeyError, ValueError, AttributeError):
             continue
         if own is not None and own != n:
             where = "the bundled tokenizer" if ref is None else f"the tokenizer of {key} = {value!r}"
@@ -459,9 +462,14 @@ def safetensors_files(folder: Path) -> tuple[list[Path], list[str]]:
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-            return [], [f"{index} is unreadable ({e})"]
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+            return [], [f"{index} is unreadable ({type(e).__name__}: {e})"]
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            return [], [f"{INDEX_JSON}'s weight_map is not an object of tensor name -> file name"]
         names = sorted(set(weight_map.values()))
+        # A file name is one entry of the folder: "../x" or "/etc/x" would read outside the model.
+        if outside := [n for n in names if Path(n).name != n or n in ("", ".", "..")]:
+            return [], [f"{INDEX_JSON} names {outside[0]!r}, which is not a file of the model's folder"]
         missing = [n for n in names if not (folder / n).is_file()]
         return [folder / n for n in names if n not in missing], [f"{INDEX_JSON} names {n}, which does not exist"
                                                                  for n in missing]
