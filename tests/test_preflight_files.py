@@ -147,15 +147,30 @@ def test_the_wrong_text_field_names_data_text_field(tmp_path):
     assert "its keys: content, id" in p.message and p.hint == "did you mean content?"
 
 
-def test_data_check_is_bounded(tmp_path):
-    # A defect past the first MAX_LINES records is not read (the loader would find it later).
+def test_data_check_is_bounded(tmp_path, monkeypatch):
+    # A defect past the first MAX_LINES records is found by the scan of the rest (it would stop every
+    # rank mid-training), up to SCAN_BYTES; beyond them nothing is read.
     good = b"".join(b'{"text": "line %d"}\n' % i for i in range(data_files.MAX_LINES))
     paths = _write(tmp_path / "late", {"a.jsonl": good + b"{broken\n"})
-    assert data_files.content_problems(str(tmp_path / "late"), paths, "text") == []
-    # A first line longer than READ_BYTES is still read whole and checked.
+    (p,) = data_files.content_problems(str(tmp_path / "late"), paths, "text")
+    assert f"line {data_files.MAX_LINES + 1}: not valid JSON" in p.message
+    monkeypatch.setattr(data_files, "SCAN_BYTES", len(b'{"text": "line 0"}\n'))
+    paths = _write(tmp_path / "later", {"a.jsonl": good + good + b"{broken\n"})
+    assert data_files.content_problems(str(tmp_path / "later"), paths, "text") == []
+    monkeypatch.undo()
+    # A line longer than MAX_LINE_BYTES is refused (its JSON cannot be checked), wherever it is.
+    huge = b'{"text": "' + b"x" * (data_files.MAX_LINE_BYTES + 10) + b'"}\n'
+    for where, content in (("first", huge), ("late", good + huge)):
+        paths = _write(tmp_path / f"huge_{where}", {"a.jsonl": content})
+        (p,) = data_files.content_problems(str(tmp_path / f"huge_{where}"), paths, "text")
+        assert "is longer than 16 MiB" in p.message, where
+    # A first line longer than READ_BYTES is still read whole and checked, and so is the next one.
     long = b'{"text": "' + b"x" * (data_files.READ_BYTES + 10) + b'"}\n'
-    paths = _write(tmp_path / "long", {"a.jsonl": long + b'{"text": 5}\n'})
+    paths = _write(tmp_path / "long", {"a.jsonl": long + b'{"text": "ok"}\n'})
     assert data_files.content_problems(str(tmp_path / "long"), paths, "text") == []
+    paths = _write(tmp_path / "long_then_bad", {"a.jsonl": long + b'{"text": 5}\n'})
+    (p,) = data_files.content_problems(str(tmp_path / "long_then_bad"), paths, "text")
+    assert "line 2: 'text' is a JSON number" in p.message
     paths = _write(tmp_path / "long_bad", {"a.jsonl": long[:-3] + b',}\n'})
     (p,) = data_files.content_problems(str(tmp_path / "long_bad"), paths, "text")
     assert "line 1: not valid JSON" in p.message

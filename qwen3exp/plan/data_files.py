@@ -21,6 +21,7 @@ read up to `MAX_LINE_BYTES`), of the first `MAX_FILES` files in the loader's ord
 from __future__ import annotations
 
 import codecs
+import functools
 import json
 from pathlib import Path
 
@@ -73,7 +74,20 @@ def path_problems(key: str, value: str, text_field: str) -> list[Problem]:
     files = [Path(f) for f in data_files(path)]
     if not files:
         return [Problem(key, value, "the folder holds no data file", allowed)]
-    return content_problems(value, files, text_field, key=key)
+    try:
+        stamp = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files[:MAX_FILES])
+    except OSError:
+        return content_problems(value, files, text_field, key=key)
+    return list(_content_problems_of(value, tuple(files), text_field, key, stamp))
+
+
+@functools.lru_cache(maxsize=64)
+def _content_problems_of(value: str, files: tuple[Path, ...], text_field: str, key: str,
+                         _stamp: tuple) -> tuple[Problem, ...]:
+    """`content_problems`, once per data set as it is on disk (`_stamp`: each file's size and
+    modification time): the points of a sweep share their data, and the scan of the records beyond
+    the heads costs up to a second."""
+    return tuple(content_problems(value, list(files), text_field, key=key))
 
 
 def content_problems(value: str, files: list[Path], text_field: str, *, key: str = "data.path") -> list[Problem]:
@@ -98,7 +112,8 @@ def content_problems(value: str, files: list[Path], text_field: str, *, key: str
     bad_files: list[Problem] = []
     for i, f in enumerate(files[:MAX_FILES]):
         try:
-            found = _check_text(f) if text_only else _check_json(f, text_field, first=(i == 0))
+            found = (_check_text(f) if text_only else
+                     _check_json(f, text_field, first=(i == 0), budget=SCAN_BYTES // min(len(files), MAX_FILES)))
         except OSError as e:
             found = f"cannot be read ({e.strerror or e})"
         if found is None:
@@ -168,7 +183,7 @@ def _check_text(path: Path) -> str | None:
     return None
 
 
-def _check_json(path: Path, field: str, *, first: bool) -> str | Problem | None:
+def _check_json(path: Path, field: str, *, first: bool, budget: int) -> str | Problem | None:
     data, complete, bad = _readable_head(path)
     if bad:
         return bad
@@ -183,10 +198,11 @@ def _check_json(path: Path, field: str, *, first: bool) -> str | Problem | None:
     lines = text.split("\n")
     if not complete:
         lines = lines[:-1] or lines  # the last line may be cut short; a single long line is checked as far as read
-    records = 0
+    records, checked = 0, 0
     for number, line in enumerate(lines, 1):
         if records >= MAX_LINES:
             break
+        checked = number
         if not line.strip():
             if number == len(lines) and line == "":
                 continue  # the newline that ends the last line
@@ -194,13 +210,51 @@ def _check_json(path: Path, field: str, *, first: bool) -> str | Problem | None:
                 return f"line {number} is blank: the JSON loader rejects blank lines in the first file"
             continue
         if not complete and number == len(lines) and len(data) >= MAX_LINE_BYTES:
-            return None  # a line longer than the cap: UTF-8 checked, JSON not
+            return (f"line {number} is longer than {MAX_LINE_BYTES // MIB} MiB: one record that large is refused "
+                    "(its JSON cannot be checked before the ranks read it)")
         records += 1
         found = _check_record(line, number, field)
         if found is not None:
             return found
     if records == 0:
         return "holds no JSON record (only blank lines)"
+    return _check_rest(path, checked, field, budget)
+
+
+SCAN_BYTES = 8 * MIB
+"""Bytes of JSON lines checked record by record beyond the files' heads (`_check_rest`; shared by
+the files checked): a broken record there would stop every rank mid-training. Larger data is
+checked this far (about a second)."""
+
+
+def _check_rest(path: Path, lines_before: int, field: str, budget: int) -> str | Problem | None:
+    """Every record after the first `lines_before` lines, up to `budget` bytes: valid JSON holding
+    the text field, no line longer than `MAX_LINE_BYTES` (json.loads without the duplicate-key hook:
+    C speed; the head's records are checked for duplicate keys)."""
+    with open(path, "rb") as f:
+        for _ in range(lines_before):
+            f.readline()
+        number, read = lines_before, 0
+        while read < budget:
+            raw = f.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                return None
+            number += 1
+            read += len(raw)
+            if len(raw) > MAX_LINE_BYTES:
+                return (f"line {number} is longer than {MAX_LINE_BYTES // MIB} MiB: one record that large is "
+                        "refused (its JSON cannot be checked before the ranks read it)")
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw)
+            except UnicodeDecodeError:
+                return f"line {number}: not UTF-8 text; is it a binary file?"
+            except json.JSONDecodeError as e:
+                return f"line {number}: not valid JSON ({e.msg} at column {e.colno})"
+            found = _check_value(record, f"line {number}", field)
+            if found is not None:
+                return found if isinstance(found, str) else found.message
     return None
 
 
