@@ -657,3 +657,24 @@ def test_dry_run_cli_says_64_ranks_do_not_fit_this_host(tmp_path):
     cores = len(os.sched_getaffinity(0))
     if 64 > cpu.OVERSUBSCRIPTION_LIMIT * cores:
         assert "A REAL RUN IS REFUSED: launcher.nproc_per_node = 64" in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("files,fraction,refused", [
+    ({"a.jsonl": b'{"text": "a"}\n{"text": "b"}\n'}, 0.9, True),      # 2 of 2 held out
+    ({"a.jsonl": b'{"text": "a"}\n'}, 0.1, True),                    # one document: no side to spare
+    ({"a.txt": b"one\n\ntwo\n\nthree\n"}, 0.5, False),               # 2 of 3 paragraphs: one trains
+    ({"a.txt": b"one\n\ntwo\n"}, 0.9, True),
+    ({"a.jsonl": b'{"text": "a"}\n{"text": "b"}\n'}, 0.2, False),
+])
+def test_a_split_that_leaves_nothing_to_train_is_refused(tmp_path, files, fraction, refused):
+    """validation.fraction of too few documents: the ranks would raise it while building their data
+    loaders (`held_out`, shared with them); the plan refuses it, naming validation.fraction."""
+    from qwen3exp.plan.data_files import document_count, held_out
+
+    _write(tmp_path / "d", files)
+    exp = _exp(data={"source": "local", "path": str(tmp_path / "d")}, validation={"fraction": fraction})
+    problems = data_files.data_problems(exp.data, exp.validation)
+    assert _keys(problems) == (["validation.fraction"] if refused else []), problems
+    n = document_count(tmp_path / "d")
+    if not refused:
+        assert 0 < len(held_out(n, fraction)) < n

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import codecs
 import functools
+import hashlib
 import json
 from pathlib import Path
 
@@ -52,12 +53,67 @@ def data_files(path: str | Path) -> list[str]:
     return sorted(str(f) for f in p.rglob("*") if f.suffix in SUFFIXES and f.is_file())
 
 
+def held_out(n: int, fraction: float) -> list[int]:
+    """The positions (sorted) of the documents held out for validation: round(n x fraction) of them,
+    at least 1, chosen by a fixed hash of the position (spread over the whole corpus, not its tail).
+    Raises ValueError when n is too small to keep documents on both sides."""
+    k = max(1, round(n * fraction))
+    if n < 2 or k >= n:
+        raise ValueError(f"validation.fraction={fraction} of {n} document(s) leaves nothing to "
+                         f"{'train on' if n >= 1 else 'validate on'}: give validation.path, or more documents")
+    rank = sorted(range(n), key=lambda i: hashlib.sha256(f"qwen3exp-validation:{i}".encode()).digest())
+    return sorted(rank[:k])
+
+
+COUNT_BYTES = 16 * MIB
+"""Data up to this size has its documents counted before launch (for the held-out split)."""
+
+
+def document_count(path: str | Path) -> int | None:
+    """The documents the loader reads from `path` (JSON lines: non-blank lines; .txt: blank-line
+    separated paragraphs), or None when that is not counted (more than `COUNT_BYTES`, a JSON array)."""
+    files = [Path(f) for f in data_files(path)]
+    try:
+        if sum(f.stat().st_size for f in files) > COUNT_BYTES:
+            return None
+        texts = [f.read_bytes() for f in files]
+    except OSError:
+        return None
+    if all(f.suffix == ".txt" for f in files):
+        return sum(len([p for p in t.split(b"\n\n") if p.strip()]) for t in texts)  # as `datasets` cuts them
+    if any(t.lstrip().startswith(b"[") for t in texts):
+        return None
+    return sum(len([line for line in t.splitlines() if line.strip()]) for t in texts)
+
+
+def split_problems(data, validation) -> list[Problem]:
+    """A held-out split (validation.fraction of data.path) that leaves a side empty: the ranks would
+    raise it while building their data loaders."""
+    if data.source != "local" or validation is None or not validation.enable or validation.path is not None:
+        return []
+    n = document_count(data.path)
+    if n is None:
+        return []
+    try:
+        held_out(n, validation.fraction)
+    except ValueError:
+        k = max(1, round(n * validation.fraction))
+        side = "train on" if n >= 1 else "validate on"
+        return [Problem("validation.fraction", validation.fraction,
+                        f"holds out {k} of the {n} document(s) of data.path, which leaves nothing to {side}",
+                        f"a fraction that keeps at least one document on each side of {n}",
+                        "give validation.path (a data set of its own), use more documents, or validation.enable=false")]
+    return []
+
+
 def data_problems(data, validation=None) -> list[Problem]:
     """data.path (and validation.path, when given) exists and holds data files whose first records
-    the loader accepts."""
+    the loader accepts; a held-out split keeps documents on both sides."""
     problems = []
     if data.source == "local":
         problems += path_problems("data.path", data.path, data.text_field)
+        if not problems:
+            problems += split_problems(data, validation)
     if validation is not None and validation.enable and validation.path is not None:
         field = data.text_field if data.source == "local" else "text"
         problems += path_problems("validation.path", validation.path, field)

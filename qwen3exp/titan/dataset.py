@@ -15,28 +15,16 @@ training entry and the validation entry select complementary rows of the same lo
 
 from __future__ import annotations
 
-import hashlib
 from functools import partial
 
-# The file listing is plain Python, shared with the pre-launch checks of the data (which must not
-# import torchtitan), so both read the same files in the same order.
-from qwen3exp.plan.data_files import data_files
+# The file listing and the split are plain Python, shared with the pre-launch checks of the data
+# (which must not import torchtitan), so both read the same files in the same order and the plan
+# refuses a split that would leave a rank nothing to train on.
+from qwen3exp.plan.data_files import data_files, held_out
 
 DATASET_NAME = "qwen3exp_local"
 VALIDATION_NAME = "qwen3exp_validation"
 TRAIN, VALIDATION, ALL = "train", "validation", "all"
-
-
-def held_out(n: int, fraction: float) -> list[int]:
-    """The positions (sorted) of the documents held out for validation: round(n x fraction) of them,
-    at least 1, chosen by a fixed hash of the position (spread over the whole corpus, not its tail).
-    Raises ValueError when n is too small to keep documents on both sides."""
-    k = max(1, round(n * fraction))
-    if n < 2 or k >= n:
-        raise ValueError(f"validation.fraction={fraction} of {n} document(s) leaves nothing to "
-                         f"{'train on' if n >= 1 else 'validate on'}: give validation.path, or more documents")
-    rank = sorted(range(n), key=lambda i: hashlib.sha256(f"qwen3exp-validation:{i}".encode()).digest())
-    return sorted(rank[:k])
 
 
 def _load(path: str, *, part: str, fraction: float | None):
