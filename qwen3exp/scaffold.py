@@ -11,8 +11,11 @@ Nothing is overwritten: an existing file is left as it is and reported.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
+
+from qwen3exp.errors import EXIT_CONFIG_ERROR, printable
 
 EXPERIMENT = """\
 # @package _global_
@@ -72,7 +75,9 @@ def _sample_lines() -> str:
 
 
 def init(target: Path) -> list[tuple[Path, bool]]:
-    """Write the scaffold; returns (path, written) for every file (False: it existed, left alone)."""
+    """Write the scaffold; returns (path, written) for every file (False: it existed, left alone).
+    An OSError (a read-only folder, a file where a folder goes, a full disk) is raised after what
+    this call wrote is removed again."""
     files = {
         Path("conf/experiment/my_experiment.yaml"): EXPERIMENT,
         Path("conf/data/my_data.yaml"): DATA,
@@ -80,31 +85,61 @@ def init(target: Path) -> list[tuple[Path, bool]]:
         Path(".gitignore"): GITIGNORE,
         Path("README.md"): README,
     }
-    out = []
-    for rel, text in files.items():
-        path = target / rel
-        if path.exists():
-            out.append((path, False))
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "x") as f:  # exclusive: never overwrite, even if it appeared meanwhile
-            f.write(text if text is not None else _sample_lines())
-        out.append((path, True))
+    out: list[tuple[Path, bool]] = []
+    made: list[Path] = []  # files and folders this call created, in order
+    try:
+        for rel, text in files.items():
+            path = target / rel
+            if os.path.lexists(path):  # a file, a link (dangling or not), a FIFO: never replaced
+                out.append((path, False))
+                continue
+            _make_parents(path.parent, made)
+            with open(path, "x") as f:  # exclusive: never overwrite, even if it appeared meanwhile
+                made.append(path)
+                f.write(text if text is not None else _sample_lines())
+            out.append((path, True))
+    except OSError:
+        for p in reversed(made):
+            try:
+                p.rmdir() if p.is_dir() and not p.is_symlink() else p.unlink()
+            except OSError:
+                pass
+        raise
     return out
+
+
+def _make_parents(folder: Path, made: list[Path]) -> None:
+    """Create `folder` and its missing parents, outermost first, each added to `made` once created."""
+    missing = []
+    while not os.path.lexists(folder):
+        missing.append(folder)
+        folder = folder.parent
+    for d in reversed(missing):
+        d.mkdir()
+        made.append(d)
 
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
-    if len(argv) > 1:
-        print("usage: qwen3exp init [DIR]", file=sys.stderr)
-        return 2
+    options = [a for a in argv if a.startswith("-")]
+    if len(argv) > 1 or options:
+        what = f"unknown option {options[0]}" if options else "one folder at most"
+        print(f"qwen3exp init: {printable(what)}\nusage: qwen3exp init [DIR]", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
     target = Path(argv[0] if argv else ".")
-    if target.exists() and not target.is_dir():
-        print(f"qwen3exp init: {target} is a file, not a folder", file=sys.stderr)
-        return 2
-    for path, written in init(target):
+    if os.path.lexists(target) and not target.is_dir():
+        what = "a link to a missing folder" if target.is_symlink() and not target.exists() else "not a folder"
+        print(f"qwen3exp init: {printable(str(target))} is {what}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    try:
+        results = init(target)
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+        print(f"qwen3exp init: nothing written: {printable(str(e.filename or target))}: {why}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    for path, written in results:
         print(f"  {'wrote' if written else 'kept (exists)'}  {path}")
     where = "" if target == Path(".") else f"cd {target} && "
     print(f"next: {where}qwen3exp -cd conf experiment=my_experiment dry_run=true")

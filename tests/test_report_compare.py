@@ -66,7 +66,7 @@ def test_out_that_is_a_file_is_exit_2(tmp_path, capsys):
 
 
 def test_comparison_of_fake_runs_handles_missing_values(tmp_path, capsys):
-    from qwen3exp.analysis import report
+    from qwen3exp.analysis import compare, report
 
     a = _fake_run(tmp_path / "a", 1e-3, [{"step": 1, "loss": 4.0, "tokens_per_second": 100.0, "memory_gib": 1.0},
                                          {"step": 2, "loss": 3.0, "tokens_per_second": 200.0, "memory_gib": 1.5},
@@ -76,7 +76,7 @@ def test_comparison_of_fake_runs_handles_missing_values(tmp_path, capsys):
                                          {"step": 2, "loss": 2.5, "tokens_per_second": 300.0, "memory_gib": 1.2}])
     c = report.compare(report.load_run(a), report.load_run(b))
     assert c.changes == [("training.lr", 1e-3, 2e-3)]
-    rows = {row[0]: row[1:] for row in report._metric_rows(c)}
+    rows = {row[0]: row[1:] for row in compare.metric_rows(c)}
     assert rows["final loss"] == ["3.0000", "2.5000", "-0.5000", "0.833x"]
     assert rows["val loss"] == ["3.5000", "-", "-", "-"]  # B has no validation
     assert rows["tokens/s"] == ["200", "300", "+100", "1.500x"]  # the mean after the first step

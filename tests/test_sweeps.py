@@ -182,7 +182,8 @@ def test_report_table_has_a_row_per_run_and_the_varied_keys(sweep):
     md = run_cli(str(d), "--format", "markdown", "--no-files", module="qwen3exp.analysis.report").stdout
     assert md.count(f"| experiment=tiny_sweep,{ONE_RANK},training.lr=") == 4
     report_md = (d / "report.md").read_text()
-    assert report_md.count("\n") == 8 and (d / "report.csv").exists()  # header, rule, 4 rows, blank, ranking
+    # report's mark (report.MARK) and a blank line, header, rule, 4 rows, blank, ranking
+    assert report_md.count("\n") == 10 and (d / "report.csv").exists()
     assert "Ranked by val_loss (minimized), best first. Best by val_loss" in report_md
     assert "4 loss curve(s)" in r.stderr
 

@@ -10,6 +10,12 @@ terminal table (default), Markdown or CSV (`--format`); `report.md`, `report.csv
 (training loss against step, solid, and validation loss, dashed, one colour per run) and
 `throughput.png` (tokens/s against step, the same colours) are written next to the runs (one PATH:
 PATH; several: only with `--out DIR`; `--no-files` writes nothing). Exit code 2 when a PATH holds no run.
+
+Run directories are read as data (`qwen3exp.analysis.runs`): a recorded file that is not readable
+as plain data (a FIFO, a dangling link, too large or too deep, not JSON) is exit 2 naming it; a
+metrics.jsonl line that is no metrics row is left out and named on stderr. `report.md` starts with
+MARK, and a report file that `report` did not write (report.md without MARK, a report.csv without
+its header, a PNG without its metadata, a link, a FIFO) is never replaced: exit 2 before printing.
 """
 
 from __future__ import annotations
@@ -20,94 +26,20 @@ import io
 import os
 import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from qwen3exp.analysis.cells import FORMATS, cell, esc
+from qwen3exp.analysis.compare import Comparison, compare, render_comparison, render_comparison_markdown
 from qwen3exp.analysis.diff import show
-from qwen3exp.errors import EXIT_CONFIG_ERROR
-from qwen3exp.run import objective, rundir
-from qwen3exp.run.identity import differences
+from qwen3exp.analysis.plots import PNG_MARK, plot_losses, plot_throughput
+from qwen3exp.analysis.runs import Run, compared, load_run, varied_keys
+from qwen3exp.errors import EXIT_CONFIG_ERROR, printable
+from qwen3exp.run import objective, records, rundir
 
 REPORT_MD, REPORT_CSV, LOSS_PNG, THROUGHPUT_PNG = "report.md", "report.csv", "loss.png", "throughput.png"
 METRIC_COLUMNS = ("status", "steps", "final loss", "val loss", "tokens/s", "peak mem GiB", "wall s")
-
-
-@dataclass
-class Run:
-    path: Path
-    experiment: dict
-    """The resolved experiment (plain, nested)."""
-    summary: dict | None
-    metrics: list[dict] = field(default_factory=list)
-    validation: list[dict] = field(default_factory=list)
-    """The validation rows of metrics.jsonl (step, val_loss, val_perplexity)."""
-
-    @property
-    def status(self) -> str:
-        if self.summary:
-            return str(self.summary.get("status"))
-        return "incomplete" if rundir.looks_like_run(self.path) else "not run"
-
-    @property
-    def steps(self) -> int | None:
-        if self.summary and self.summary.get("steps_completed") is not None:
-            return self.summary["steps_completed"]
-        return self.metrics[-1]["step"] if self.metrics else None
-
-    @property
-    def final_loss(self) -> float | None:
-        if self.metrics:
-            return self.metrics[-1].get("loss")
-        return self.summary.get("last_loss") if self.summary else None
-
-    @property
-    def val_loss(self) -> float | None:
-        if self.validation:
-            return self.validation[-1].get("val_loss")
-        return self.summary.get("val_loss") if self.summary else None
-
-    @property
-    def tokens_per_second(self) -> float | None:
-        """Mean over the logged steps after the first (the first pays for warm-up)."""
-        return objective.mean_tokens_per_second(self.metrics)
-
-    @property
-    def objective(self) -> tuple[str, str] | None:
-        """(metric, direction) the run recorded (`sweep.objective`), if any."""
-        obj = self.summary.get("objective") if self.summary else None
-        if isinstance(obj, dict) and obj.get("metric") and obj.get("direction") in ("minimize", "maximize"):
-            return str(obj["metric"]), str(obj["direction"])
-        return None
-
-    @property
-    def objective_value(self) -> float | None:
-        return objective.of_summary(self.summary)
-
-    @property
-    def peak_memory_gib(self) -> float | None:
-        values = [m["memory_gib"] for m in self.metrics if m.get("memory_gib") is not None]
-        return max(values) if values else None
-
-    @property
-    def wall_seconds(self) -> float | None:
-        return self.summary.get("wall_seconds") if self.summary else None
-
-
-def load_run(path: Path, *, experiment: dict | None = None) -> Run:
-    path = Path(path)
-    summary = rundir.read_json(path / rundir.SUMMARY)
-    return Run(path, experiment if experiment is not None else rundir.read_experiment(path) or {},
-               summary if isinstance(summary, dict) else None, rundir.read_metrics(path),
-               rundir.read_validation(path))
-
-
-def varied_keys(runs: list[Run]) -> list[str]:
-    """Dotted keys whose resolved values are not the same in every run (keys missing in some runs
-    count as differing)."""
-    flat = [rundir.flatten(r.experiment) for r in runs]
-    keys = sorted({k for f in flat for k in f})
-    return [k for k in keys if len({repr(f.get(k, "\0absent")) for f in flat}) > 1]
 
 
 @dataclass
@@ -146,7 +78,7 @@ def table(runs: list[Run], *, root: Path | None = None, status: dict[Path, str] 
         runs = sorted(runs, key=lambda r: key(r.objective_value))
     rows = []
     for r in runs:
-        flat = rundir.flatten(r.experiment)
+        flat = compared(r.experiment)
         rows.append([_label(r.path, root), *(flat.get(k) for k in varied), status.get(r.path, r.status),
                      r.steps, r.final_loss, r.val_loss, r.tokens_per_second, r.peak_memory_gib, r.wall_seconds])
     return Table(["run", *varied, *METRIC_COLUMNS], rows, runs, varied, rank)
@@ -175,28 +107,16 @@ def _label(path: Path, root: Path | None) -> str:
     return Path(path).name
 
 
-_FORMATS = {"final loss": "{:.4f}", "val loss": "{:.4f}", "tokens/s": "{:,.0f}", "peak mem GiB": "{:.2f}",
-            "wall s": "{:.1f}"}
-
-
-def _cell(column: str, value: Any) -> str:
-    if value is None:
-        return "-"
-    if column in _FORMATS and isinstance(value, (int, float)):
-        return _FORMATS[column].format(value)
-    if column in ("run", "status"):
-        return str(value)
-    return show(value)
-
 
 def _cells(t: Table) -> list[list[str]]:
-    return [[_cell(c, v) for c, v in zip(t.header, row, strict=True)] for row in t.rows]
+    return [[cell(c, v) for c, v in zip(t.header, row, strict=True)] for row in t.rows]
 
 
 def render_terminal(t: Table, *, max_rows: int | None = None, max_cell: int = 48) -> str:
     """An aligned table for one screen. When keys vary, they name the rows and the (long) run folder
     names give way to a row number (`#`); Markdown and CSV keep the folder names."""
-    def clip(s: str) -> str:
+    def clip(s: str) -> str:  # values come from recorded files: no raw terminal escapes
+        s = printable(s, max_cell)
         return s if len(s) <= max_cell else s[: max_cell - 1] + "…"
 
     cells = [[clip(c) for c in row] for row in _cells(t)]
@@ -209,7 +129,7 @@ def render_terminal(t: Table, *, max_rows: int | None = None, max_cell: int = 48
     if max_rows is not None and len(cells) > max_rows:
         more, cells = len(cells) - max_rows, cells[:max_rows]
     widths = [max(len(x) for x in col) for col in zip(header, *cells, strict=True)]
-    numeric = {i for i, h in enumerate(t.header) if h in ("steps", *_FORMATS)} | ({0} if t.varied else set())
+    numeric = {i for i, h in enumerate(t.header) if h in ("steps", *FORMATS)} | ({0} if t.varied else set())
 
     def line(row):
         return "  ".join(c.rjust(w) if i in numeric else c.ljust(w)
@@ -221,16 +141,12 @@ def render_terminal(t: Table, *, max_rows: int | None = None, max_cell: int = 48
     return "\n".join(out)
 
 
-def _esc(s: str) -> str:
-    """A Markdown table cell: `|` escaped."""
-    return s.replace("|", "\\|")
-
 
 def render_markdown(t: Table) -> str:
-    numeric = {h for h in t.header if h in ("steps", *_FORMATS)}
-    out = ["| " + " | ".join(_esc(h) for h in t.header) + " |",
+    numeric = {h for h in t.header if h in ("steps", *FORMATS)}
+    out = ["| " + " | ".join(esc(h) for h in t.header) + " |",
            "| " + " | ".join("---:" if h in numeric else "---" for h in t.header) + " |"]
-    out += ["| " + " | ".join(_esc(c) for c in row) + " |" for row in _cells(t)]
+    out += ["| " + " | ".join(esc(c) for c in row) + " |" for row in _cells(t)]
     return "\n".join(out)
 
 
@@ -243,172 +159,56 @@ def render_csv(t: Table) -> str:
     return buf.getvalue()
 
 
-def curve_labels(t: Table) -> list[str]:
-    """Each run's varied values (`lr=0.001 seed=1`), short key names where they are unambiguous."""
-    if not t.varied:
-        return [row[0] for row in t.rows]
-    tails = [k.rsplit(".", 1)[-1] for k in t.varied]
-    names = tails if len(set(tails)) == len(tails) else t.varied
-    return [" ".join(f"{n}={show(v)}" for n, v in zip(names, row[1:1 + len(t.varied)], strict=True)) for row in t.rows]
-
-
-def curves(t: Table) -> list[tuple[Run, str, str]]:
-    """(run, label, colour) of every run that logged metrics, in the table's order: loss.png and
-    throughput.png give a run the same colour (matplotlib's cycle, C0, C1, ...)."""
-    plotted = [(r, label) for r, label in zip(t.runs, curve_labels(t), strict=True) if r.metrics]
-    return [(r, label, f"C{i % 10}") for i, (r, label) in enumerate(plotted)]
-
-
-def _figure():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(8, 5), layout="constrained")
-    return fig, fig.add_subplot()
-
-
-def _finish(fig, ax, path: Path, *, ylabel: str, title: str) -> None:
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("step")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    if ax.get_lines():
-        ax.legend(fontsize=7 if len(ax.get_lines()) > 6 else 9, ncol=1 + len(ax.get_lines()) // 12)
-    fig.savefig(path, dpi=110)
-
-
-def _by(t: Table) -> str:
-    return f" by {', '.join(t.varied)}" if t.varied else ""
-
-
-def plot_losses(t: Table, path: Path):
-    """Loss against step, one curve per run that logged metrics (validation loss dashed in the run's
-    colour); saved as PNG. Returns the figure."""
-    fig, ax = _figure()
-    for run, label, colour in curves(t):
-        points = [(m["step"], m["loss"]) for m in run.metrics if m.get("loss") is not None]
-        if not points:
-            continue
-        steps, losses = zip(*points, strict=True)
-        ax.plot(steps, losses, label=label, color=colour, marker="o" if len(points) <= 20 else None, markersize=3)
-        val = [(m["step"], m["val_loss"]) for m in run.validation if m.get("val_loss") is not None]
-        if val:
-            vs, vl = zip(*val, strict=True)
-            ax.plot(vs, vl, linestyle="--", marker="s", markersize=3, color=colour, label=f"{label} (validation)")
-    _finish(fig, ax, path, ylabel="loss", title="loss (dashed: validation)" + _by(t))
-    return fig
-
-
-def plot_throughput(t: Table, path: Path):
-    """Tokens/s against step, one curve per run that logged it, from 0 up (a slower run is not drawn
-    as a cliff); each run's legend entry carries its mean after the first step (the table's
-    tokens/s: the first step pays for warm-up). Saved as PNG; returns the figure."""
-    fig, ax = _figure()
-    for run, label, colour in curves(t):
-        points = [(m["step"], m["tokens_per_second"]) for m in run.metrics if m.get("tokens_per_second") is not None]
-        if not points:
-            continue
-        steps, tps = zip(*points, strict=True)
-        mean = run.tokens_per_second
-        ax.plot(steps, tps, color=colour, marker="o" if len(points) <= 20 else None, markersize=3,
-                label=label if mean is None else f"{label} (mean {mean:,.0f})")
-    ax.set_ylim(bottom=0)
-    _finish(fig, ax, path, ylabel="tokens/s",
-            title="throughput (legend: mean tokens/s after step 1)" + _by(t))
-    return fig
-
-
-# ------------------------------------------------------------------------- two runs side by side
-COMPARED = (("steps", "steps"), ("final loss", "final_loss"), ("val loss", "val_loss"),
-            ("tokens/s", "tokens_per_second"), ("peak mem GiB", "peak_memory_gib"), ("wall s", "wall_seconds"))
-"""(column, Run attribute) of the final metrics a comparison puts side by side."""
-
-
-@dataclass
-class Comparison:
-    a: Run
-    b: Run
-    changes: list[tuple[str, Any, Any]]
-    """(dotted key, value in A, value in B) of every experiment key that differs (`qwen3exp diff`'s)."""
-    metrics: list[tuple[str, Any, Any]]
-    """(column, A's value, B's value) for each of COMPARED."""
-
-
-def compare(a: Run, b: Run) -> Comparison:
-    """B against A: the resolved experiment keys that differ and the final metrics side by side."""
-    return Comparison(a, b, differences(a.experiment, b.experiment),
-                      [(column, getattr(a, attr), getattr(b, attr)) for column, attr in COMPARED])
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def delta(column: str, va: Any, vb: Any) -> str:
-    """B - A, signed, in the column's format ("-" when either is missing)."""
-    if not (_number(va) and _number(vb)):
-        return "-"
-    d = vb - va
-    if column == "steps" and isinstance(d, int):
-        return f"{d:+d}"
-    return _FORMATS.get(column, "{:.6g}").replace("{:", "{:+").format(d)
-
-
-def ratio(va: Any, vb: Any) -> str:
-    """B / A as `0.982x` ("-" when either is missing or A is 0)."""
-    if not (_number(va) and _number(vb)) or va == 0:
-        return "-"
-    return f"{vb / va:.3f}x"
-
-
-def _metric_rows(c: Comparison) -> list[list[str]]:
-    return [[column, _cell(column, va), _cell(column, vb), delta(column, va, vb), ratio(va, vb)]
-            for column, va, vb in c.metrics]
-
-
-def render_comparison(c: Comparison) -> str:
-    """The comparison block of the terminal report."""
-    out = [f"B vs A:  A = {c.a.path}", f"         B = {c.b.path}"]
-    if c.changes:
-        width = max(len(k) for k, _, _ in c.changes)
-        out.append("experiment keys that differ (A -> B):")
-        out += [f"  {key:<{width}}  {show(va)} -> {show(vb)}" for key, va, vb in c.changes]
-    else:
-        out.append("identical resolved experiments")
-    rows = [["", "A", "B", "B - A", "B / A"], *_metric_rows(c)]
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    out.append("final metrics:")
-    for r in rows:
-        out.append("  " + "  ".join(x.ljust(w) if i == 0 else x.rjust(w)
-                                    for i, (x, w) in enumerate(zip(r, widths, strict=True))))
-    return "\n".join(line.rstrip() for line in out)
-
-
-def render_comparison_markdown(c: Comparison) -> str:
-    """The comparison section of report.md (and of `--format markdown`)."""
-    out = ["## B vs A", "", f"A: `{c.a.path}`, B: `{c.b.path}`", ""]
-    if c.changes:
-        out += ["| key | A | B |", "| --- | --- | --- |"]
-        out += [f"| {_esc(k)} | {_esc(show(va))} | {_esc(show(vb))} |" for k, va, vb in c.changes]
-    else:
-        out.append("Identical resolved experiments.")
-    out += ["", "| metric | A | B | B - A | B / A |", "| --- | ---: | ---: | ---: | ---: |"]
-    out += ["| " + " | ".join(_esc(x) for x in row) + " |" for row in _metric_rows(c)]
-    return "\n".join(out)
-
-
 # ----------------------------------------------------------------------------------- the files
+MARK = "<!-- written by qwen3exp report, which replaces this file; delete this line to keep it as it is -->"
+"""The first line of report.md: `report` replaces a report.md only when it starts with this line."""
+FILES = (REPORT_MD, REPORT_CSV, LOSS_PNG, THROUGHPUT_PNG)
+
+
+class NotOurs(Exception):
+    """Report files in the output folder that `report` did not write: it never replaces them."""
+
+    def __init__(self, names: list[str], out_dir: Path) -> None:
+        self.names = names
+        super().__init__(f"{out_dir} holds {', '.join(names)}, not written by qwen3exp report (never replaced); "
+                         "write the report elsewhere with --out DIR, or print it only with --no-files")
+
+
+def _written_by_report(path: Path) -> bool:
+    """Whether the file at `path` is one `report` wrote (true when there is none): report.md by its
+    first line (MARK), report.csv by its header, a plot by its PNG metadata. A link, a FIFO or a
+    folder is never one."""
+    if not os.path.lexists(path):
+        return True
+    try:
+        head = records.read_head(path, 4096)
+    except records.Unreadable:
+        return False
+    if path.name == REPORT_MD:
+        return head.startswith(MARK.encode() + b"\n")
+    if path.name == REPORT_CSV:
+        first = head.split(b"\n", 1)[0].decode("utf-8", "replace")
+        return first.startswith("run,") and first.endswith(",".join(METRIC_COLUMNS))
+    return head.startswith(PNG) and PNG_MARK in head
+
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def foreign_files(out_dir: Path) -> list[str]:
+    """The report files in `out_dir` that `report` did not write."""
+    return [name for name in FILES if not _written_by_report(Path(out_dir) / name)]
+
+
 def write_files(runs: list[Run], out_dir: Path, *, root: Path | None = None,
                 status: dict[Path, str] | None = None) -> list[Path]:
     """report.md (with the comparison when there are exactly two runs: B = runs[1] vs A = runs[0]),
-    report.csv, loss.png and throughput.png in `out_dir`; returns their paths."""
-    t = table(runs, root=root, status=status)
+    report.csv, loss.png and throughput.png in `out_dir`; returns their paths. Raises NotOurs (and
+    writes nothing) when `out_dir` holds one of them that `report` did not write."""
     out_dir = Path(out_dir)
+    if foreign := foreign_files(out_dir):
+        raise NotOurs(foreign, out_dir)
+    t = table(runs, root=root, status=status)
     best = best_line(t)
     note = f"\n\nRanked by {t.objective[0]} ({t.objective[1]}d), best first. " if t.objective else ""
     if best is not None:
@@ -416,11 +216,11 @@ def write_files(runs: list[Run], out_dir: Path, *, root: Path | None = None,
         note += f"{head[0].upper()}{head[1:]}; {rerun.strip()}"
     if len(runs) == 2:
         note += "\n\n" + render_comparison_markdown(compare(*runs))
-    rundir.atomic_write_text(out_dir / REPORT_MD, render_markdown(t) + note.rstrip() + "\n")
+    rundir.atomic_write_text(out_dir / REPORT_MD, MARK + "\n\n" + render_markdown(t) + note.rstrip() + "\n")
     rundir.atomic_write_text(out_dir / REPORT_CSV, render_csv(t))
     plot_losses(t, out_dir / LOSS_PNG)
     plot_throughput(t, out_dir / THROUGHPUT_PNG)
-    return [out_dir / REPORT_MD, out_dir / REPORT_CSV, out_dir / LOSS_PNG, out_dir / THROUGHPUT_PNG]
+    return [out_dir / name for name in FILES]
 
 
 # -------------------------------------------------------------------------------- the command
@@ -431,12 +231,17 @@ def collect(paths: list[Path]) -> tuple[list[Path], list[str]]:
     problems = []
     for path in paths:
         if not path.exists():
-            problems.append(f"{path}: no such directory")
+            problems.append(f"{path}: a link to {os.readlink(path)}, which does not exist" if path.is_symlink()
+                            else f"{path}: no such directory")
             continue
         if not path.is_dir():
             problems.append(f"{path}: not a directory (give a run directory, a sweep directory or a folder of runs)")
             continue
-        runs = rundir.find_runs(path)
+        try:
+            runs = rundir.find_runs(path)
+        except OSError as e:  # e.g. a folder this user cannot list
+            problems.append(f"{path}: cannot be read ({e.strerror or type(e).__name__})")
+            continue
         if not runs:
             problems.append(f"{path}: no run there (a run directory holds {rundir.EXPERIMENT} or {rundir.SUMMARY})")
         for run in runs:
@@ -482,27 +287,50 @@ def render(t: Table, pair: Comparison | None, fmt: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as e:  # argparse printed the usage and the mistake (an unknown option, ...)
+        return e.code if isinstance(e.code, int) else EXIT_CONFIG_ERROR
     paths, problems = collect(args.paths)
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         problems.append(f"--out {args.out}: not a directory")
+    runs = [load_run(p) for p in paths] if not problems else []
+    problems += [p for r in runs for p in r.problems]
+    out = None if args.no_files else args.out or (args.paths[0] if len(args.paths) == 1 else None)
+    if out is not None and not problems and out.is_dir() and (foreign := foreign_files(out)):
+        problems.append(str(NotOurs(foreign, out)))
     for problem in problems:
-        print(f"{PROG}: {problem}", file=sys.stderr)
+        print(f"{PROG}: {printable(problem)}", file=sys.stderr)
     if problems:
         return EXIT_CONFIG_ERROR
-    runs = [load_run(p) for p in paths]
+    for r in runs:
+        if r.skipped:
+            print(f"{PROG}: {r.path / rundir.METRICS}: {len(r.skipped)} line(s) left out, not metrics rows: "
+                  + printable("; ".join(r.skipped[:3]) + ("; ..." if len(r.skipped) > 3 else "")), file=sys.stderr)
     root = label_root(args.paths)
     t = table(runs, root=root)
     sys.stdout.write(render(t, compare(*runs) if len(runs) == 2 else None, args.format))
-    out = args.out or (args.paths[0] if len(args.paths) == 1 else None)
     if args.no_files:
         return 0
     if out is None:
         print(f"{PROG}: no files written: with several paths, --out DIR writes {REPORT_MD}, {REPORT_CSV}, "
               f"{LOSS_PNG} and {THROUGHPUT_PNG} there", file=sys.stderr)
         return 0
-    out.mkdir(parents=True, exist_ok=True)
-    written = write_files(runs, out, root=root)
+    return _write(runs, out, root)
+
+
+def _write(runs: list[Run], out: Path, root: Path) -> int:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        written = write_files(runs, out, root=root)
+    except NotOurs as e:  # appeared since the check
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    except OSError as e:  # a read-only folder, a full disk
+        why = e.strerror or type(e).__name__
+        print(f"{PROG}: no report files written: {printable(str(e.filename or out))}: {why}; write them elsewhere "
+              "with --out DIR, or print only with --no-files", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
     losses = sum(1 for r in runs if any(m.get("loss") is not None for m in r.metrics))
     tps = sum(1 for r in runs if any(m.get("tokens_per_second") is not None for m in r.metrics))
     print(f"wrote {', '.join(str(p) for p in written)} ({losses} loss curve(s), {tps} tokens/s curve(s))",

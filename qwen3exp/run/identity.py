@@ -46,8 +46,8 @@ def same(exp: Experiment, run_dir: Path) -> bool:
 
 def differing_keys(exp: Experiment, run_dir: Path) -> list[str]:
     """The keys where `run_dir`'s recorded experiment differs from `exp`."""
-    there = rundir.read_experiment(run_dir)
-    return [key for key, _, _ in differences(there or {}, recorded_data(exp))]
+    there = rundir.identity_view(rundir.read_experiment(run_dir) or {})
+    return [key for key, _, _ in differences(there, rundir.identity_view(recorded_data(exp)))]
 
 
 class _Absent:

@@ -265,25 +265,49 @@ def experiments_state(config_sources: list[str]) -> dict:
 def git_state(root: Path) -> tuple[dict, str | None]:
     """(state, diff): the source tree's commit, branch, whether tracked files changed (`dirty`) and
     the untracked files as [{"path", "size"}]; diff is `git diff HEAD --binary` (tracked changes,
-    staged or not) or None when there are none. {"error": ...} when it is no git checkout."""
+    staged or not) or None when there are none. A repository with no commit yet (`git init`, files
+    added or not) has commit None and `note` "no commit yet"; its staged files are listed like the
+    untracked ones (`staged`), and `dirty` says whether there are any. {"error": ...} when it is no
+    git checkout."""
     try:
         top = _git(root, "rev-parse", "--show-toplevel").strip()
-        commit = _git(root, "rev-parse", "HEAD").strip()
+    except FileNotFoundError:
+        return {"repo": str(root), "commit": None, "dirty": None, "error": "git is not installed"}, None
     except (OSError, subprocess.SubprocessError) as e:
         return {"repo": str(root), "commit": None, "dirty": None,
                 "error": f"not a git checkout ({type(e).__name__})"}, None
-    branch = _git(root, "rev-parse", "--abbrev-ref", "HEAD").strip()
+    commit = _git_or_none(root, "rev-parse", "--verify", "-q", "HEAD")
+    # symbolic-ref names the branch of a repository with no commit too; it fails on a detached HEAD.
+    branch = _git_or_none(root, "symbolic-ref", "--short", "-q", "HEAD") or "HEAD"
     status = _git(root, "status", "--porcelain", "-z", "--untracked-files=all")
-    untracked = [entry[3:] for entry in status.split("\0") if entry.startswith("?? ")]
-    # Tracked changes only: an untracked file is whatever happens to lie in the checkout (a .env
-    # with a token, a scratch dump); its contents never go into the run directory.
-    diff = _git(root, "diff", "HEAD", "--binary")
-    state = {"repo": top, "commit": commit, "branch": branch, "dirty": bool(diff),
-             "untracked": [{"path": rel, "size": _size(Path(top) / rel)} for rel in untracked[:_UNTRACKED_LISTED]],
-             "diff_file": None}
+    entries = [e for e in status.split("\0") if len(e) > 3]
+    untracked = [e[3:] for e in entries if e.startswith("?? ")]
+    state: dict = {"repo": top, "commit": commit, "branch": branch}
+    if commit is None:
+        staged = [e[3:] for e in entries if e[0] not in " ?"]
+        state.update(dirty=bool(staged), note="no commit yet", staged=_listed(top, staged))
+        diff = ""  # nothing to apply a diff on: the staged files are listed, not copied
+    else:
+        # Tracked changes only: an untracked file is whatever happens to lie in the checkout (a .env
+        # with a token, a scratch dump); its contents never go into the run directory.
+        diff = _git(root, "diff", "HEAD", "--binary")
+        state["dirty"] = bool(diff)
+    state.update(untracked=_listed(top, untracked), diff_file=None)
     if len(untracked) > _UNTRACKED_LISTED:
         state["untracked_not_listed"] = len(untracked) - _UNTRACKED_LISTED
     return state, (diff or None)
+
+
+def _git_or_none(root: Path, *args: str) -> str | None:
+    """The output of a git command that fails for an answer of 'none' (no commit, no branch)."""
+    try:
+        return _git(root, *args).strip() or None
+    except subprocess.CalledProcessError:
+        return None
+
+
+def _listed(top: str, paths: list[str]) -> list[dict]:
+    return [{"path": rel, "size": _size(Path(top) / rel)} for rel in paths[:_UNTRACKED_LISTED]]
 
 
 def _size(path: Path) -> int | None:

@@ -20,6 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from qwen3exp.run import records
+
 EXPERIMENT = "experiment.yaml"
 PLATFORM = "platform.json"
 TORCHTITAN_CONFIG = "torchtitan_config.json"
@@ -89,9 +91,11 @@ def atomic_write_json(path: Path, data: Any) -> None:
 
 
 def read_json(path: Path) -> Any | None:
+    """The data of a JSON file; None when it is missing or not readable as data (`records`: no
+    regular file, too large, too deep, not JSON)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        return records.load_json(path)
+    except records.Unreadable:
         return None
 
 
@@ -106,18 +110,46 @@ def read_validation(run_dir: Path) -> list[dict]:
 
 
 def metrics_rows(run_dir: Path) -> list[dict]:
-    """Every row of metrics.jsonl, training and validation; a torn last line (a killed run) is ignored."""
-    rows: list[dict] = []
+    """Every row of metrics.jsonl, training and validation; a line that is no metrics row (a torn
+    last line of a killed run, garbage) is left out, and so is a file that is not readable as data."""
     try:
-        text = (run_dir / METRICS).read_text()
-    except OSError:
-        return rows
-    for line in text.splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+        return scan_metrics(run_dir)[0]
+    except records.Unreadable:
+        return []
+
+
+METRIC_NUMBERS = ("loss", "grad_norm", "tokens_per_second", "memory_gib", "mfu", "lr", "step_seconds",
+                  "val_loss", "val_perplexity")
+"""The values of a metrics row (qwen3exp.titan.metrics): each a number or null."""
+
+
+def scan_metrics(run_dir: Path) -> tuple[list[dict], list[str]]:
+    """(the rows of metrics.jsonl, one `line N: why` for each line that is no metrics row); raises
+    records.Unreadable when the file is no regular file or too large."""
+    rows: list[dict] = []
+    skipped: list[str] = []
+    for number, row in records.json_lines(run_dir / METRICS):
+        why = row.why if isinstance(row, records.Unreadable) else metrics_row_problem(row)
+        if why is None:
+            rows.append(row)
+        else:
+            skipped.append(f"line {number}: {why}")
+    return rows, skipped
+
+
+def metrics_row_problem(row: Any) -> str | None:
+    """Why a parsed metrics.jsonl line is no metrics row (None: it is one)."""
+    if not isinstance(row, dict):
+        return f"a JSON {type(row).__name__}, not an object"
+    step = row.get("step")
+    if type(step) is not int or not 0 <= step < 2**63:
+        return f"step {step!r} is not a step number"
+    for key in METRIC_NUMBERS:
+        value = row.get(key)
+        # bool is an int, and an int beyond 2**63 no float (the report formats and plots floats)
+        if value is not None and type(value) is not float and not (type(value) is int and abs(value) < 2**63):
+            return f"{key} {value!r} is not a number"
+    return None
 
 
 def looks_like_run(run_dir: Path) -> bool:
@@ -152,26 +184,41 @@ def truncate_metrics(run_dir: Path, last_step: int) -> None:
 
 
 IDENTITY_IGNORES = ("dry_run", "verbose")
-"""Top-level keys that do not change what a run computes (left out of the experiment hash)."""
+"""Top-level keys that do not change what a run computes, only how it is shown (presentation keys):
+left out of the experiment hash and of what `diff`, `report` and `relaunch` compare."""
+
+
+def identity_view(resolved: dict) -> dict:
+    """A resolved experiment without its presentation keys (IDENTITY_IGNORES)."""
+    return {k: v for k, v in resolved.items() if k not in IDENTITY_IGNORES}
 
 
 def experiment_hash(resolved: dict) -> str:
     """Content hash of a resolved experiment (`Experiment.model_dump(mode="json")`): the identity of
     what a run computes, independent of the directory it lives in. Key order does not matter."""
-    identity = {k: v for k, v in resolved.items() if k not in IDENTITY_IGNORES}
+    identity = identity_view(resolved)
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def read_experiment(run_dir: Path) -> dict | None:
-    """The resolved experiment a run was launched with (plain data), or None."""
-    import yaml
-
+    """The resolved experiment a run was launched with (plain data), or None (missing, or not
+    readable as plain data: see `load_experiment`)."""
     try:
-        data = yaml.safe_load((run_dir / EXPERIMENT).read_text())
-    except (OSError, yaml.YAMLError):
+        return load_experiment(run_dir)
+    except records.Unreadable:
         return None
-    return data if isinstance(data, dict) else None
+
+
+def load_experiment(run_dir: Path) -> dict | None:
+    """The resolved experiment of a run as plain data (None: there is no experiment.yaml); raises
+    records.Unreadable, naming the file and why, when it is not a plain YAML mapping within the
+    limits of a recorded file."""
+    path = Path(run_dir) / EXPERIMENT
+    data = records.load_yaml(path)
+    if data is not None and not isinstance(data, dict):
+        raise records.Unreadable(path, f"a YAML {type(data).__name__}, not the mapping of an experiment")
+    return data
 
 
 def run_hash(run_dir: Path) -> str | None:
