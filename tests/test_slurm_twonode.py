@@ -217,7 +217,7 @@ def test_a_time_limited_job_requeues_and_resumes_while_a_killed_node_fails_anoth
     args = (*TWO_NODES, "checkpoint=dcp", "checkpoint.interval=2", f"hydra.run.dir={run}")
     try:
         # SLURM holds a requeued job about 2 minutes (BeginTime, 144 s measured on 22.05); the
-        # launcher lets its own job start again 5 s after the requeue (launchers/slurm.py).
+        # launcher lets its own job start again KillWait + 5 s after the requeue (launchers/slurm.py).
         requeued = _Returned(_submit(cluster, *limited_args, log=limited_log, QWEN3EXP_FAULT_STALL_AT_STEP="3"))
 
         # A killed second-node agent: the job fails fast on both nodes, the summary names node 1.
@@ -256,7 +256,10 @@ def test_a_time_limited_job_requeues_and_resumes_while_a_killed_node_fails_anoth
         # One torchrun agent per node, each in its own namespace (its own hostname).
         agents = [json.loads((run / "logs" / f"agent_node{n}.json").read_text()) for n in (0, 1)]
         assert [a["host"] for a in agents] == cluster["nodes"] and all(a["how"] == "done" for a in agents)
-        assert (run / "command.txt").read_text().startswith("srun --nodes=2 --ntasks-per-node=1 ")
+        command = (run / "command.txt").read_text()
+        assert command.startswith("srun --nodes=2 --ntasks-per-node=1 ")
+        # node 0's binding, like the local launcher's (each other node's agent sets is_host=false)
+        assert f"--local-addr {cluster['nodes'][0]} " in command and ",is_host=true " in command
         script = next(run.glob(f".submitit/{job}/*_submission.sh")).read_text()
         assert "#SBATCH --nodes=2" in script and "#SBATCH --signal=USR2@120" in script
         assert [row["loss"] for row in read_metrics(run)] == reference_losses  # bit for bit
@@ -273,6 +276,11 @@ def test_a_time_limited_job_requeues_and_resumes_while_a_killed_node_fails_anoth
         assert "time limit" in first["error"] and f"checkpoint step-{step} saved" in first["error"]
         assert s["status"] == "completed" and last["status"] == "completed"
         assert s["attempts"][1]["resumed_from_step"] == step
+        # Requeued to start KillWait (5 s here) + 5 s after the requeue, SLURM's backfill (every 30 s)
+        # starts it; SLURM's own hold is 121 s (launchers/slurm.py requeue_this_job).
+        gap = s["attempts"][1]["started"] - first["started"] - first["wall_seconds"]
+        print(f"the requeued attempt started {gap:.0f} s after the first one ended")
+        assert gap < 90, s["attempts"]
         assert len({a["job_id"] for a in s["attempts"]}) == 1  # the same job, requeued
         assert [row["loss"] for row in read_metrics(limited)] == reference_losses  # like an uninterrupted run
         _no_jobs_then_no_survivors(cluster, limited)

@@ -118,17 +118,18 @@ def torchrun_argv(exp: Experiment, where: Placement, *, nnodes: int, nproc_per_n
         # Bounded: connecting to the endpoint (read_timeout) and waiting for every node (join_timeout).
         t = exp.launcher.rdzv_timeout_s
         conf = f"join_timeout={t},read_timeout={t}"
-        if not where.agent_prefix:
-            # A launcher per node: node 0 hosts the c10d store, the others connect to it. torchrun
-            # would otherwise guess by matching the endpoint against this machine's hostname, and
-            # on a host whose hostname does not resolve to the endpoint's address no node would host
-            # it (every agent waits for a store nobody serves). rdzv_endpoint is node 0's address.
-            this = where.node_rank if node_rank is None else node_rank
-            conf += f",is_host={'true' if this == 0 else 'false'}"
-            if this == 0:
-                # The ranks' own store (MASTER_ADDR) is on node 0 too: torchrun would name it by
-                # this machine's hostname; the endpoint's host is what the other nodes reach.
-                argv += ["--local-addr", where.rdzv_endpoint.rpartition(":")[0].strip("[]")]
+        # Node 0 hosts the c10d store, the others connect to it. torchrun would otherwise guess by
+        # matching the endpoint against this machine's hostname, and on a host whose hostname does
+        # not resolve to the endpoint's address no node would host it (every agent waits for a
+        # store nobody serves). rdzv_endpoint is node 0's address. With srun one command starts
+        # every node's agent: it is node 0's, and qwen3exp.run.agent.for_this_node makes it the
+        # other nodes' there (SLURM_NODEID), so a SLURM job binds like a launcher per node.
+        this = 0 if where.agent_prefix else (where.node_rank if node_rank is None else node_rank)
+        conf += f",is_host={'true' if this == 0 else 'false'}"
+        if this == 0:
+            # The ranks' own store (MASTER_ADDR) is on node 0 too: torchrun would name it by
+            # this machine's hostname; the endpoint's host is what the other nodes reach.
+            argv += ["--local-addr", where.rdzv_endpoint.rpartition(":")[0].strip("[]")]
         argv += ["--rdzv-conf", conf]
     if nnodes > 1 and not where.agent_prefix:
         # For the record only (which node's agent this is): c10d assigns the ranks itself, and

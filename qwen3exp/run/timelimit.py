@@ -19,12 +19,18 @@ step got it), so the torchrun agents are started by srun whenever the job may re
   `interrupted` and a rerun of the same command resumes.
 Without checkpoint=dcp the ranks ignore the signal and the job runs until SLURM stops it at the
 time limit (`interrupted`, nothing to resume from); the plan says so.
+
+After submitit's `scontrol requeue`, `restart_soon` sets when the requeued job may start again:
+SLURM's own choice is about 2 minutes later (see there).
 """
 
 from __future__ import annotations
 
+import datetime
 import os
+import re
 import signal
+import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,6 +43,10 @@ REQUEST = "time_limit.json"
 SAVED = "time_limit_saved.json"
 ATTEMPT_ENV = "SLURM_RESTART_COUNT"
 """Set by SLURM in a requeued job: how many times it was requeued (restarted) so far."""
+RESTART_MARGIN_S = 5
+"""A requeued job starts this long after SLURM has certainly ended the requeued attempt (below)."""
+RESTART_TRIES = 8
+RESTART_PAUSE_S = 0.5
 
 
 def request(log_dir: Path, who: str) -> None:
@@ -163,3 +173,58 @@ def install(trainer: Any, log_dir: Path) -> None:
         return False
 
     trainer.should_continue_training = should_continue_training
+
+
+# ------------------------------------------------------------------------- after the requeue
+def restart_soon(job: str) -> str | None:
+    """In the requeued job's own process, after `scontrol requeue`: let the job start again in
+    seconds (KillWait + RESTART_MARGIN_S from now). None when SLURM shows that start (the job's
+    EligibleTime) with the job requeued; else what went wrong, for the job log and the summary.
+
+    SLURM itself holds a requeued job until CredExpire + 1 s after the requeue completes (121 s by
+    default; 144 s measured before it started). The update must outlast this process: the requeue
+    completes only when the batch script's processes have ended, and SLURM then replaces a start
+    time that has already passed (measured on 22.05: StartTime=now+2 with the script alive 4 s
+    more gave the 121 s again; StartTime=now+5, used before, gave the 148 s seen once when the
+    attempt outlived those 5 s). The requeue's SIGTERM is followed by SIGKILL after KillWait, so a
+    start KillWait + a margin ahead is always after that (and never in the same second as the
+    requeue, which the nodes refused: "Job credential revoked").
+    Retried (the update may fail, e.g. the controller busy), at most RESTART_TRIES times; SLURM
+    kills this process KillWait after the requeue in any case."""
+    ahead = _kill_wait_s() + RESTART_MARGIN_S
+    why = "no try"
+    for _ in range(RESTART_TRIES):
+        start = datetime.datetime.now().replace(microsecond=0) + datetime.timedelta(seconds=ahead)
+        wanted = start.isoformat()
+        update = _scontrol("update", f"JobId={job}", f"StartTime={wanted}")
+        fields = _job_fields(job)
+        state, eligible = fields.get("JobState", "?"), fields.get("EligibleTime", "?")
+        if update.returncode == 0 and state in ("PENDING", "COMPLETING", "REQUEUED") and eligible == wanted:
+            return None
+        said = (update.stdout + update.stderr).strip().splitlines()
+        why = (f"scontrol update StartTime={wanted}: " + (said[-1] if said else f"exit code {update.returncode}")
+               + f"; the job is {state}, may start at {eligible}")
+        time.sleep(RESTART_PAUSE_S)
+    return (f"SLURM job {job} was requeued, but its start could not be moved to {ahead} s from now after "
+            f"{RESTART_TRIES} tries ({why}): SLURM starts it when it decides (about 2 minutes after the requeue)")
+
+
+def _scontrol(*args: str) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return subprocess.CompletedProcess(["scontrol", *args], 1, "", f"{type(e).__name__}: {e}")
+
+
+def _job_fields(job: str) -> dict[str, str]:
+    """`scontrol -o show job`'s Key=Value fields (JobState, EligibleTime, ...); {} when it fails."""
+    out = _scontrol("-o", "show", "job", job)
+    return dict(re.findall(r"(\w+)=(\S*)", out.stdout)) if out.returncode == 0 else {}
+
+
+def _kill_wait_s() -> int:
+    """SLURM's KillWait: seconds between a job's SIGTERM and its SIGKILL (SLURM's default, 30,
+    when `scontrol show config` does not say)."""
+    out = _scontrol("show", "config")
+    found = re.search(r"^KillWait\s*=\s*(\d+)", out.stdout, re.MULTILINE)
+    return int(found.group(1)) if out.returncode == 0 and found else 30
