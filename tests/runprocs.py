@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 from conftest import REPO
@@ -120,3 +121,12 @@ class Background:
             self.proc.wait()
         for run_dir in run_dirs:
             kill_leftovers(run_dir)
+
+
+def launch_seconds(run_dir: Path) -> float:
+    """From the last launch's first line in qwen3exp.log (the one naming the run directory) to its
+    last line (the outcome)."""
+    lines = [line for line in (run_dir / "qwen3exp.log").read_text().splitlines() if line.startswith("[")]
+    first = max(i for i, line in enumerate(lines) if f"; run directory {run_dir}" in line)
+    stamps = [datetime.strptime(line[1:24], "%Y-%m-%d %H:%M:%S,%f") for line in (lines[first], lines[-1])]
+    return (stamps[1] - stamps[0]).total_seconds()

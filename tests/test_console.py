@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +37,7 @@ REAL = [
     "[default0]:/v/lib/python3.11/site-packages/torchdata/stateful_dataloader/stateful_dataloader.py:379: "
     "UserWarning: 'set_vital' is deprecated, please do not call",
     "Loading weights:   0%|          | 0/24 [00:00<?, ?it/s]Loading weights: 100%|##########| 24/24 [00:00<00:00]",
+    "[default0]:Generating train split: 729 examples [00:00, 125741.15 examples/s]",
 ]
 
 
@@ -67,6 +69,12 @@ def test_filter_hides_known_lines_and_info_but_shows_the_rest():
     ]
     assert f.hidden == {"known warnings": 2, "torchtitan info lines": 1}
     assert "2 known warnings, 1 torchtitan info lines" in f.summary()
+    # A rank's stdout and stderr interleave: a torchtitan line between a known warning and its
+    # source line (a resumed run, issue 22) does not let the source line through; an empty line says nothing.
+    assert not [line for line in [
+        REAL[9], "[default0]:[titan] 2026-12-01 18:29:14,485 - root - INFO - Loading the checkpoint from /c/step-2.",
+        '[default0]:  torch.set_vital("Dataloader", "enabled", "True")  # type: ignore[attr-defined]', "[default0]:",
+    ] if f.shows(noise.parse(line))]
     verbose = noise.RankFilter(verbose=True)
     assert all(verbose.shows(noise.parse(line)) for line in REAL) and verbose.summary() is None
 
@@ -105,6 +113,49 @@ def test_progress_lines_with_eta(tmp_path):
     assert said[2] == ("qwen3exp: step 2/10 (20%)  loss 7.5000  val 7.2500  4,816 tok/s  0.97 GiB  elapsed 0:04  "
                        "ETA 0:16", True)
     assert progress.clock(3725) == "1:02:05" and progress.clock(None) == "?"
+
+
+def test_progress_of_a_resumed_run_shows_only_its_new_steps(tmp_path):
+    """Issue 22: a resumed run printed its earlier steps again ("step 1/40 ... elapsed 0:00 ETA 0:00")."""
+    metrics = tmp_path / "metrics.jsonl"
+    kept = [{"step": 1, "loss": 7.6}, {"step": 1, "val_loss": 7.5, "val_perplexity": 1808.0}, {"step": 2, "loss": 7.5}]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in kept))  # what the checkpoint step-2 resume keeps
+    said: list[str] = []
+    p = progress.Progress(metrics, 40, lambda text, live: said.append(text), now=iter([0.0, 5.0]).__next__)
+    p.poll()
+    with metrics.open("a") as f:
+        f.write(json.dumps({"step": 3, "loss": 7.4}) + "\n")
+    p.poll()
+    assert said == ["qwen3exp: step 3/40 (7%)  loss 7.4000  val 7.5000  elapsed 0:05  ETA ?"]
+
+
+def test_watch_shows_nothing_of_the_ranks_once_they_are_stopped(tmp_path, caplog):
+    stopping = [False]
+    watch = progress.Watch(tmp_path / "metrics.jsonl", 10, verbose=False, node_rank=0, stopping=lambda: stopping[0])
+    with caplog.at_level(logging.DEBUG, logger="qwen3exp"):
+        watch.line("[default0]:RuntimeError: a real error\n")
+        stopping[0] = True
+        for line in ["W1202 03:59:37.601000 5504 api.py:753] Received 15 death signal, shutting down workers",
+                     "Traceback (most recent call last):", "SignalException: Process 5504 got signal: 15"]:
+            watch.line(line + "\n")
+        watch.finish()
+    shown = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert shown == ["[default0]:RuntimeError: a real error"]
+    assert any("death signal" in r.getMessage() for r in caplog.records)  # in qwen3exp.log (DEBUG)
+
+
+def test_rerun_command_resumes_in_the_run_directory_or_starts_anew():
+    from qwen3exp.launchers.outcome import rerun_command
+    from qwen3exp.run.provenance import Origin
+
+    run = Origin(command=["python", "-m", "qwen3exp", "checkpoint=dcp", "hydra.run.dir=old dir"])
+    assert rerun_command(run, Path("/r/a b"), same_dir=True) == \
+        "python -m qwen3exp checkpoint=dcp 'hydra.run.dir='\"'\"'/r/a b'\"'\"''"
+    assert rerun_command(run, Path("/r/x"), same_dir=False) == "python -m qwen3exp checkpoint=dcp"
+    sweep = Origin(command=["python", "-m", "qwen3exp", "-m", "training.lr=1e-3,3e-3"], mode="MULTIRUN",
+                   sweep_dir="/s")
+    assert rerun_command(sweep, Path("/s/0"), same_dir=True) == \
+        "python -m qwen3exp -m training.lr=1e-3,3e-3 hydra.sweep.dir=/s"
 
 
 def _record(text, **extra):

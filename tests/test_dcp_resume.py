@@ -1,10 +1,13 @@
-"""checkpoint=dcp: a run killed after a checkpoint and rerun in the same run directory reproduces
-the remaining steps' losses exactly (compared with an uninterrupted run of the same experiment);
+"""checkpoint=dcp: a run stopped by Ctrl-C after a checkpoint and rerun in the same run directory
+with the command its last line names reproduces the remaining steps' losses exactly (compared with
+an uninterrupted run of the same experiment, which also checks that keep_latest_k keeps exactly k);
 a rerun of a different experiment into that directory is refused before anything starts."""
 
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -16,7 +19,7 @@ import pytest
 from conftest import REPO, compose, read_metrics, read_summary, run_cli
 from qwen3exp.config.schema import validate_experiment
 from qwen3exp.run import rundir
-from runprocs import kill_leftovers
+from runprocs import kill_leftovers, launch_seconds
 
 pytestmark = pytest.mark.slow
 
@@ -25,21 +28,28 @@ ARGS = ("checkpoint=dcp", "checkpoint.interval=2", "checkpoint.keep_latest_k=0",
         "training.warmup_steps=2", "training.seq_len=64", "training.local_batch_size=4", "metrics.tensorboard=false")
 
 
-def _kill_after_first_checkpoint(run_dir: Path, timeout: float = 300) -> int:
-    """Start the run, SIGTERM the launcher once checkpoint step-2 is complete; returns its exit code."""
-    proc = subprocess.Popen([sys.executable, "-m", "qwen3exp", *ARGS, f"hydra.run.dir={run_dir}"], cwd=REPO,
-                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def _interrupt_after_first_checkpoint(run_dir: Path, log: Path, timeout: float = 300) -> int:
+    """Start the run, Ctrl-C (SIGINT) the launcher once checkpoint step-2 is complete; returns its
+    exit code (its output is in `log`)."""
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "qwen3exp", *ARGS, f"hydra.run.dir={run_dir}"], cwd=REPO,
+                                env=_env(), stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + timeout
     try:
         while not (run_dir / "checkpoint" / "step-2" / ".metadata").is_file():
             assert proc.poll() is None, "the run ended before its first checkpoint"
             assert time.monotonic() < deadline, "no checkpoint within the timeout"
             time.sleep(0.02)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGINT)
         return proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def _checkpoints(run_dir: Path) -> list[int]:
+    return sorted(int(p.name.split("-")[1]) for p in (run_dir / "checkpoint").glob("step-*")
+                  if (p / ".metadata").is_file())
 
 
 def _env() -> dict:
@@ -47,15 +57,18 @@ def _env() -> dict:
 
 
 def test_killed_run_resumes_exactly(tmp_path):
-    # The uninterrupted reference trains side by side with the run that is killed (nothing here
-    # depends on timing: the kill waits for checkpoint step-2 on disk, the losses are bit-exact).
+    # The uninterrupted reference trains side by side with the run that is stopped (nothing here
+    # depends on timing: the Ctrl-C waits for checkpoint step-2 on disk, the losses are bit-exact).
+    # It saves every step and keeps 2: torchtitan's last-step save alone kept 3 (issue 22).
     reference, log = tmp_path / "uninterrupted", tmp_path / "uninterrupted.log"
+    keep = [a for a in ARGS if not a.startswith(("checkpoint.interval=", "checkpoint.keep_latest_k="))]
     with log.open("w") as out:
-        ref = subprocess.Popen([sys.executable, "-m", "qwen3exp", *ARGS, f"hydra.run.dir={reference}"], cwd=REPO,
+        ref = subprocess.Popen([sys.executable, "-m", "qwen3exp", *keep, "checkpoint.interval=1",
+                                "checkpoint.keep_latest_k=2", f"hydra.run.dir={reference}"], cwd=REPO,
                                env={"HF_HUB_OFFLINE": "1", **_env()}, stdout=out, stderr=subprocess.STDOUT)
     try:
-        run_dir = tmp_path / "killed"
-        killed_code = _kill_after_first_checkpoint(run_dir)
+        run_dir, stopped_log = tmp_path / "killed", tmp_path / "killed.log"
+        killed_code = _interrupt_after_first_checkpoint(run_dir, stopped_log)
         ref.wait(timeout=600)
     finally:
         if ref.poll() is None:  # a failure above: leave no process of the reference behind
@@ -65,15 +78,20 @@ def test_killed_run_resumes_exactly(tmp_path):
     assert ref.returncode == 0, log.read_text()[-3000:]
     expected = {row["step"]: row["loss"] for row in read_metrics(reference)}
     assert sorted(expected) == list(range(1, STEPS + 1))
+    # keep_latest_k=2 after 12 saves (6 x k): exactly the newest 2, the last step's included.
+    assert sorted(p.name for p in (reference / "checkpoint").iterdir()) == ["step-11", "step-12"]
 
-    assert killed_code == 143
+    assert killed_code == 130, stopped_log.read_text()[-3000:]
     killed = read_summary(run_dir)
-    assert killed["status"] == "interrupted"
-    saved = sorted(int(p.name.split("-")[1]) for p in (run_dir / "checkpoint").glob("step-*")
-                   if (p / ".metadata").is_file())
-    assert saved and saved[-1] < STEPS, f"the kill came too late to test a resume: {saved}"
+    assert killed["status"] == "interrupted" and killed["error"] == "stopped by SIGINT"
+    saved = _checkpoints(run_dir)
+    assert saved and saved[-1] < STEPS, f"the Ctrl-C came too late to test a resume: {saved}"
+    resume = _stopped_quietly(stopped_log.read_text(), run_dir, saved[-1], read_metrics(run_dir)[-1])
+    assert resume == [sys.executable, "-m", "qwen3exp", *ARGS, f"hydra.run.dir={run_dir}"]
 
-    r = run_cli(*ARGS, f"hydra.run.dir={run_dir}")
+    started = time.monotonic()
+    r = subprocess.run(resume, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
+    took = time.monotonic() - started
     assert r.returncode == 0, r.stderr[-3000:]
     s = read_summary(run_dir)
     assert s["status"] == "completed" and s["resumed_from_step"] == saved[-1]
@@ -83,6 +101,28 @@ def test_killed_run_resumes_exactly(tmp_path):
     assert resumed == {step: expected[step] for step in resumed}  # bit-exact
     assert s["step1_loss"] == expected[1]
     assert s["weights_loaded"] is False and s["weights_source"] is None  # random init, no HF weights
+    # The resume shows only its own steps, and no warning (torchtitan's lr scheduler warned on every resume).
+    shown = [int(m[1]) for m in re.finditer(r"^qwen3exp: step (\d+)/", r.stdout, re.MULTILINE)]
+    assert shown == list(range(saved[-1] + 1, STEPS + 1)), r.stdout
+    assert "Warning" not in r.stdout and "Traceback" not in r.stdout + r.stderr, r.stdout
+    # The wall time is the command's: at least from the launch's first line to its outcome line, at
+    # most the whole process's (issue 22: it started when torchrun did).
+    assert launch_seconds(run_dir) <= s["wall_seconds"] <= took, (launch_seconds(run_dir), s["wall_seconds"], took)
+
+
+def _stopped_quietly(out: str, run_dir: Path, saved: int, last: dict) -> list[str]:
+    """Ctrl-C ends with one line (the last completed step and its loss, what is saved, the command
+    that resumes) and nothing of torchrun's shutdown (its SignalException traceback, issue 22).
+    Returns the command it names."""
+    assert "Traceback" not in out and "SignalException" not in out, out[-3000:]
+    lines = out.splitlines()
+    after = lines[next(i for i, line in enumerate(lines) if line.startswith("qwen3exp: step ")):]
+    assert all(line.startswith("qwen3exp: ") for line in after), out[-3000:]
+    final = (f"qwen3exp: interrupted by Ctrl-C after step {last['step']}/{STEPS} (loss {last['loss']:.4f}); "
+             f"checkpoint step-{saved} is saved; to resume: ")
+    assert lines[-1].startswith(final), lines[-1]
+    assert sum(line.startswith("qwen3exp: interrupted") for line in lines) == 1
+    return shlex.split(lines[-1][len(final):])
 
 
 def test_rerun_of_a_different_experiment_is_refused(tmp_path):

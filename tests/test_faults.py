@@ -7,7 +7,10 @@ failures (no training)."""
 from __future__ import annotations
 
 import json
+import shlex
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -47,6 +50,7 @@ def test_sigterm_stops_every_rank(run_dir, tmp_path):
     s = read_summary(run_dir)
     assert s["status"] == "interrupted" and s["exit_code"] == 143 and s["error"] == "stopped by SIGTERM"
     assert 2 <= s["steps_completed"] < 400
+    _stopped_quietly((tmp_path / "log").read_text(), "SIGTERM", s, run_dir)
 
 
 @slow
@@ -64,6 +68,21 @@ def test_ctrl_c_stops_every_rank_while_one_is_stuck(run_dir, tmp_path):
     assert_no_survivors(run_dir)
     s = read_summary(run_dir)
     assert s["status"] == "interrupted" and s["exit_code"] == 130 and s["steps_completed"] == 2
+    _stopped_quietly((tmp_path / "log").read_text(), "Ctrl-C", s, run_dir)
+
+
+def _stopped_quietly(out: str, how: str, summary: dict, run_dir: Path) -> None:
+    """A stop ends with one line (the last step and its loss, what is saved, the command that starts
+    again) and nothing of torchrun's shutdown (issue 22: its 30-line SignalException traceback)."""
+    assert "Traceback" not in out and "SignalException" not in out and "death signal" not in out, out[-3000:]
+    lines = out.splitlines()
+    step, loss = summary["steps_completed"], summary["last_loss"]
+    assert lines[-1] == (
+        f"qwen3exp: interrupted by {how} after step {step}/400 (loss {loss:.4f}); "
+        "nothing is saved (checkpoint=none keeps no checkpoints); to start again: "
+        + shlex.join([sys.executable, "-m", "qwen3exp", *LONG])), lines[-1]  # a new directory: none is reused
+    assert sum(line.startswith("qwen3exp: interrupted") for line in lines) == 1
+    assert str(run_dir) in out  # the first line names the run directory
 
 
 @slow
@@ -148,6 +167,52 @@ def test_sigkill_of_the_launcher_then_a_relaunch_resumes(run_dir, tmp_path, refe
     s = read_summary(run_dir)
     assert s["status"] == "completed" and s["steps_completed"] == 6 and s["first_loss"] == reference_losses[0]
     assert (torn / ".metadata").is_file()  # step 6 was written again, completely
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 128 MiB tmpfs (needs root, as in CI); unmounted afterwards whatever happens."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        kill_leftovers(mount)
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _fill(disk: Path) -> None:
+    """Write zeros until the disk is full."""
+    with (disk / "filler").open("wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+        except OSError:
+            pass
+
+
+@slow
+def test_a_disk_that_fills_during_training_still_gets_its_summary(small_disk, tmp_path):
+    """Issue 22: a full disk left no summary.json (the launcher's own write failed too). The disk
+    fills after checkpoint step-1; the next save fails in the rank."""
+    run_dir = small_disk / "run"
+    proc = start_cli(*LONG, "launcher.nproc_per_node=1", "validation.enable=false", "checkpoint=dcp",
+                     "checkpoint.interval=1", f"hydra.run.dir={run_dir}", log=tmp_path / "log")
+    wait_for(lambda: (run_dir / "checkpoint" / "step-1" / ".metadata").is_file(), proc=proc, what="checkpoint step-1")
+    _fill(small_disk)
+    code = proc.wait(timeout=120)
+    out = (tmp_path / "log").read_text()
+    assert code == 1, out[-3000:]
+    assert_no_survivors(run_dir)
+    s = read_summary(run_dir)
+    assert s["status"] == "failed" and s["exit_code"] == 1 and 1 <= s["steps_completed"] < 400
+    assert s["error"].startswith(f"the disk that holds {run_dir} is full ("), s["error"]
+    assert f"error: the disk that holds {run_dir} is full" in out
+    assert not list((run_dir / "logs").glob("*.reserve"))  # the room held for the summary is given back
 
 
 # ------------------------------------------------------- the root cause, from recorded failures

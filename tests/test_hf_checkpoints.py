@@ -15,12 +15,14 @@ start of Python, torch and transformers instead of two); C's two references in o
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 
 from conftest import read_metrics, read_summary, run_cli
 from hf_fixtures import first_batches, hf_losses, write_checkpoint
+from runprocs import launch_seconds
 
 pytestmark = pytest.mark.slow
 
@@ -37,9 +39,17 @@ def ckpts(tmp_path_factory) -> dict[str, Path]:
 
 
 def _train(run_dir: Path, *overrides: str) -> dict:
+    started = time.monotonic()
     r = run_cli(*overrides, *SMALL, f"hydra.run.dir={run_dir}")
+    took = time.monotonic() - started
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return read_summary(run_dir)
+    s = read_summary(run_dir)
+    # The wall time is the command's, the export and its verification included, shown as phases (issue 22).
+    assert launch_seconds(run_dir) <= s["wall_seconds"] <= took, (launch_seconds(run_dir), s["wall_seconds"], took)
+    if s["export"] is not None:
+        assert "qwen3exp: completing the Hugging Face export" in r.stdout
+        assert "qwen3exp: verifying the export" in r.stdout and "(of which export " in r.stdout
+    return s
 
 
 def _check_export(summary: dict, *, tied: bool) -> Path:

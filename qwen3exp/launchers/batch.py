@@ -445,7 +445,8 @@ def _submit(config, hydra_context, task_function, points: list[Point], jobs: lis
               f"{sweep_dir}", flush=True)
         inner = Submitit(**slurm.submitit_params(points[0].exp, sweep_dir))
         inner.setup(hydra_context=hydra_context, task_function=task_function, config=config)
-        return list(inner.launch(overrides, initial_job_idx=first))
+        with slurm.results_or_give_up(sweep_dir):
+            return list(inner.launch(overrides, initial_job_idx=first))
 
     return _handed_over(submit, points, jobs, cfgs)
 
@@ -555,7 +556,7 @@ def _run(exp: Experiment, run_dir: Path, plan) -> dict:
     if summary.get("status") == "requeued":  # SLURM's time limit: checkpoint saved, submitit requeues
         from qwen3exp.launchers import slurm
 
-        slurm.requeue_this_job()
+        summary = slurm.requeue_this_job(run_dir, summary)
     # An interrupted local run stops here (and stops a local sweep). A SLURM job returns normally
     # so that submitit records its result: the submit host reads the status from summary.json.
     if summary.get("status") == "interrupted" and not isinstance(exp.launcher, SlurmLauncher):

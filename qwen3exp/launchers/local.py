@@ -11,14 +11,16 @@ agent per node) at once and supervises it:
   torchrun at once and raises that ConfigError (exit 2, before any training step).
 - Ctrl-C or SIGTERM: torchrun is asked to stop its ranks (SIGTERM, which ends a rank even while it
   waits in a collective); after `launcher.stop_timeout_s` everything left is killed; summary
-  `interrupted`, exit code 130 / 143. Before torchrun runs, the signal abandons the launch.
+  `interrupted`, exit code 130 / 143; one line says what is saved and the command that resumes
+  (`qwen3exp.launchers.outcome`). Before torchrun runs, the signal abandons the launch.
 - A rank that raises: torchrun stops the others at once; the summary carries that rank's own error
   (`logs/error_rank<R>.json`, written by the worker), not torchrun's wrapper text.
 - No orphans: the launcher is a child subreaper, torchrun dies with the launcher (even a SIGKILLed
   one) and every rank dies with torchrun (`qwen3exp.run.procs`); whatever is left is killed at the end.
-- `summary.json` (node 0; with the experiment's content hash) is written atomically; after a
-  SIGKILLed launcher there is none, and a relaunch in the same directory resumes from the latest
-  complete checkpoint when checkpointing is on.
+- `summary.json` (node 0; with the experiment's content hash) is written atomically, also when the
+  disk fills (`qwen3exp.launchers.outcome`); its wall time is the command's, an HF export and its
+  verification included; after a SIGKILLed launcher there is none, and a relaunch in the same
+  directory resumes from the latest complete checkpoint when checkpointing is on.
 """
 
 from __future__ import annotations
@@ -33,17 +35,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 
-from qwen3exp.config.schema import Experiment, HFExport, HFRoundtrip, SlurmLauncher
+from qwen3exp.config.schema import Experiment, SlurmLauncher
 from qwen3exp.errors import ConfigError, Problem
-from qwen3exp.plan import model_files, tracking
+from qwen3exp.launchers import outcome
+from qwen3exp.launchers.outcome import experiment_hash, node_file
+from qwen3exp.plan import tracking
 from qwen3exp.plan.build import Plan, Prepared, prepare as _prepare
-from qwen3exp.plan.placement import Placement
 from qwen3exp.platforms import PlatformFacts
-from qwen3exp.run import console, identity, noise, objective, procs, progress, provenance, rundir, timelimit
+from qwen3exp.run import console, identity, procs, progress, provenance, rundir, timelimit
 from qwen3exp.titan import job_config
-from qwen3exp.titan.overrides import merge_applied
-
-EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 def rank_env(facts: PlatformFacts, run_dir: Path) -> dict[str, str]:
@@ -59,24 +59,12 @@ def rank_env(facts: PlatformFacts, run_dir: Path) -> dict[str, str]:
     return env
 
 
-def experiment_hash(exp: Experiment) -> str:
-    return identity.of(exp)
-
-
 def may_join(exp: Experiment, run_dir: Path) -> bool:
     """True when `run_dir` holds the same multi-node run, not finished, started by another node's
     launcher (every node's launcher writes the run files; whichever comes first)."""
     if exp.launcher.nnodes == 1 or (run_dir / rundir.SUMMARY).exists():
         return False
     return rundir.read_experiment(run_dir) is not None and identity.same(exp, run_dir)
-
-
-def node_file(name: str, where: Placement) -> str:
-    """summary.json / command.txt of node 0; `summary_node<R>.json` ... of the other nodes."""
-    if where.node_rank == 0:
-        return name
-    stem, dot, ext = name.partition(".")
-    return f"{stem}_node{where.node_rank}{dot}{ext}"
 
 
 def write_run_files(plan: Plan, run_dir: Path) -> None:
@@ -89,75 +77,6 @@ def write_run_files(plan: Plan, run_dir: Path) -> None:
     rundir.atomic_write_json(run_dir / rundir.PLATFORM, asdict(plan.platform))
     rundir.atomic_write_text(run_dir / node_file(rundir.COMMAND, plan.placement),
                              shlex.join(provenance.redact_argv(plan.command)) + "\n")
-
-
-def first_rank_error(run_dir: Path, *, since: float = 0.0, rdzv_timeout_s: float | None = None) -> str | None:
-    """The root cause of a failed run, from the ranks' error files and the agents' records of how
-    ranks died (`qwen3exp.run.agent.root_cause`): a rank killed by a signal, or gone without an error
-    report, comes before the communication errors it caused in the other ranks."""
-    from qwen3exp.run import agent
-    return agent.root_cause(run_dir / rundir.LOGS, since=since, rdzv_timeout_s=rdzv_timeout_s)
-
-
-def summarize(plan: Plan, run_dir: Path, *, exit_code: int, status: str, wall: float,
-              error: str | None, resumed_from: int | None = None, export: dict | None = None,
-              extra: dict | None = None) -> dict:
-    rows = rundir.read_metrics(run_dir)
-    val = rundir.read_validation(run_dir)
-    step1 = next((r["loss"] for r in rows if r["step"] == 1), None)
-    weights = plan.files.weights
-    last_loss = rows[-1]["loss"] if rows else None
-    val_loss = val[-1]["val_loss"] if val else None
-    tps = objective.mean_tokens_per_second(rows)
-    metric, direction = plan.exp.objective
-    summary = {
-        "status": status,
-        "exit_code": exit_code,
-        "world_size": plan.mesh.world_size,
-        "steps_completed": rows[-1]["step"] if rows else 0,
-        "first_loss": rows[0]["loss"] if rows else None,
-        "last_loss": last_loss,
-        "val_loss": val_loss,
-        "val_perplexity": val[-1]["val_perplexity"] if val else None,
-        "first_val_loss": val[0]["val_loss"] if val else None,
-        "val_step": val[-1]["step"] if val else None,
-        "tokens_per_second": tps,
-        "objective": objective.record(metric, direction, objective.value_of(
-            metric, last_loss=last_loss, val_loss=val_loss, tokens_per_second=tps)),
-        "wall_seconds": round(wall, 3),
-        "error": error,
-        "platform": plan.platform.name,
-        "name": plan.exp.name,
-        # The 6.54-vs-12.43 check in one look: step-1 loss and where the step-0 weights came from.
-        "step1_loss": step1,
-        "weights_loaded": weights is not None and step1 is not None,
-        "weights_source": str(weights) if weights is not None else None,
-        "checkpoint": plan.exp.checkpoint.kind,
-        "resumed_from_step": resumed_from,
-        "export": export,
-        "experiment_hash": experiment_hash(plan.exp),
-        "overrides": merge_applied(plan.kernel_claims, run_dir),
-        "nnodes": plan.placement.nnodes,
-        "node_rank": plan.placement.node_rank,
-    }
-    summary.update(extra or {})
-    rundir.atomic_write_json(run_dir / node_file(rundir.SUMMARY, plan.placement), summary)
-    return summary
-
-
-def finish_export(plan: Plan, run_dir: Path) -> dict:
-    """Complete torchtitan's HF export into a from_pretrained folder and verify it."""
-    from qwen3exp.titan import hf_export
-    exp, files = plan.exp, plan.files
-    folder = hf_export.export_folder(run_dir, exp.training.steps)
-    if not isinstance(exp.checkpoint, HFExport | HFRoundtrip):
-        raise AssertionError(f"checkpoint={exp.checkpoint.kind} exports nothing")
-    if not folder.is_dir():
-        return {"path": str(folder), "ok": False, "error": "torchtitan wrote no export folder"}
-    source = model_files.hf_model_folder(exp)[1] if exp.model.backend == "hf" else files.folder
-    hf_export.complete(folder, arch=files.arch, assets=files.folder, config_source=source,
-                       dtype=exp.checkpoint.dtype)
-    return hf_export.verify(folder, tied=files.arch.tied)
 
 
 class _Interrupted(Exception):
@@ -270,41 +189,6 @@ def _read_lines(stream, on_line: Callable[[str], None]) -> None:
     stream.close()
 
 
-class _Watch:
-    """What the person watching sees while torchrun runs: rank 0's lines through the noise filter
-    (`qwen3exp.run.noise`), the phases they announce and one line per logged step
-    (`qwen3exp.run.progress`, node 0 only: it holds the metrics rank)."""
-
-    def __init__(self, exp: Experiment, run_dir: Path, *, node_rank: int) -> None:
-        self.log = console.logger("qwen3exp.launch")
-        self.ranks = console.logger("qwen3exp.ranks")
-        self.filter = noise.RankFilter(verbose=exp.verbose)
-        self.progress = (progress.Progress(run_dir / rundir.METRICS, exp.training.steps, self.say)
-                         if node_rank == 0 else None)
-        self._phase: str | None = None
-
-    def say(self, text: str, live: bool) -> None:
-        self.log.info(text, extra=console.LIVE if live else None)
-
-    def line(self, raw: str) -> None:
-        line = noise.parse(raw)
-        phase = progress.phase_of(line)
-        if phase is not None and phase != self._phase:
-            self._phase = phase
-            self.say(f"qwen3exp: {phase}", True)
-        if self.filter.shows(line):
-            self.ranks.info(console.strip_ansi(raw.rstrip("\r\n")))
-
-    def tick(self) -> None:
-        if self.progress is not None:
-            self.progress.poll()
-
-    def finish(self) -> None:
-        self.tick()
-        if (hidden := self.filter.summary()) is not None:
-            self.log.info(f"qwen3exp: {hidden}")
-
-
 def _kill_group(pgid: int) -> None:
     """No orphans: whatever is left of the process group is killed."""
     try:
@@ -354,98 +238,99 @@ def _time_limit_deadline(exp: Experiment) -> float | None:
 
 def launch(plan: Plan, run_dir: Path, *, origin: provenance.Origin | None = None) -> dict:
     """Run the checked `plan` in `run_dir` (the directory it was made for): write the run directory
-    (plan.json and provenance.json included), run torchrun, write summary.json; returns the summary.
-    Raises ConfigError when torchtitan's own checks refuse the configuration in the ranks (torchrun
-    is stopped first; no summary). `origin`: the command line and Hydra overrides, for provenance.json."""
+    (plan.json and provenance.json included), run torchrun, complete an HF export, write
+    summary.json; returns the summary. Raises ConfigError when torchtitan's own checks refuse the
+    configuration in the ranks (torchrun is stopped first; no summary). `origin`: the command line
+    and Hydra overrides, for provenance.json and the command that resumes. The wall time is the
+    command's (`console.command_start`) for a run, the job's for a job of a sweep."""
     run_dir = Path(run_dir)
     if Path(plan.run_dir).resolve() != run_dir.resolve():
         raise ValueError(f"the plan was made for run directory {plan.run_dir}, not {run_dir}")
-    from qwen3exp.plan import render
-
-    exp, where, facts = plan.exp, plan.placement, plan.platform
-    log = console.logger("qwen3exp.launch")
-    start, started = time.monotonic(), time.time()
+    exp, where = plan.exp, plan.placement
+    console.tolerate_full_disk()
+    begun, started = time.monotonic(), time.time()
+    start = console.command_start(begun) if origin is not None and origin.mode == "RUN" else begun
     resumed_from = None
-    refusal = job_config.refusal_path(run_dir)
     logs = run_dir / rundir.LOGS
     earlier = timelimit.earlier_attempts(run_dir, experiment_hash(exp)) if where.node_rank == 0 else []
+    reserve = outcome.SummaryReserve(logs / node_file(outcome.SUMMARY_RESERVE, where))
     with _StopSignals(logs) as stop:
         try:
-            if where.nnodes == 1:
-                _wait_until_free(run_dir, exp.launcher.stop_timeout_s + 5)
-            write_run_files(plan, run_dir)
-            provenance.write(run_dir, facts, experiment_hash(exp), origin)
-            # Node 0 only: the ranks (also those of the other nodes) cannot start before its agent joins.
-            resumed_from = _reset_metrics(exp, run_dir) if where.node_rank == 0 else None
-            refusal.unlink(missing_ok=True)  # an earlier launch's, in a relaunched directory
-            if where.node_rank == 0:
-                timelimit.clear(logs)
-            env = rank_env(facts, run_dir)
-            env.update(tracking.env(exp, run_dir, sweep_dir=origin.sweep_dir if origin else None))
-            node = f"node {where.node_rank}/{where.nnodes} ({where.how}), " if where.nnodes > 1 else ""
-            log.info(f"qwen3exp: {exp.name}: {plan.mesh.world_size} rank(s) on {facts.name} "
-                     f"({facts.reason}); {node}run directory {run_dir}"
-                     + (f"; resuming from checkpoint step {resumed_from}" if resumed_from is not None else ""))
-            log.debug("%s", render.render(plan, title=f"the plan of {exp.name}:"))
-            for w in plan.warnings:
-                log.warning(f"qwen3exp: warning: {w}")
-            log.debug("command: %s", shlex.join(provenance.redact_argv(plan.command)))
-            if where.nnodes > 1:
-                log.info(f"qwen3exp: waiting for {where.nnodes} node(s) to join the rendezvous "
-                         f"(up to launcher.rdzv_timeout_s={exp.launcher.rdzv_timeout_s:g}s)", extra=console.LIVE)
-            else:
-                log.info(f"qwen3exp: starting {plan.mesh.world_size} rank(s)", extra=console.LIVE)
-            watch = _Watch(exp, run_dir, node_rank=where.node_rank)
-            start = time.monotonic()
-            code = run_torchrun(plan.command, env, exp.launcher.stop_timeout_s, stop, refusal,
+            resumed_from, env = _prepare_run_dir(plan, run_dir, origin)
+            reserve.make()
+            watch = progress.Watch(run_dir / rundir.METRICS, exp.training.steps, verbose=exp.verbose,
+                                   node_rank=where.node_rank, stopping=lambda: stop.signum is not None)
+            code = run_torchrun(plan.command, env, exp.launcher.stop_timeout_s, stop, job_config.refusal_path(run_dir),
                                 deadline=_time_limit_deadline(exp), on_line=watch.line, on_tick=watch.tick)
             watch.finish()
         except _Interrupted:
             code = None
+        except BaseException:
+            reserve.release()
+            raise
         finally:
             console.end_live()  # what comes next (a refusal on stderr, the outcome) starts a line of its own
-    wall = time.monotonic() - start
-    if stop.signum is None and code != 0 and (refused := job_config.read_refusal(run_dir)) is not None:
-        raise refused
-    error: str | None
-    if stop.signum is not None:
-        status, exit_code = "interrupted", EXIT_SIGNAL[signal.Signals(stop.signum)]
-        error = f"stopped by {signal.Signals(stop.signum).name}" + ("" if stop.proc else " before the ranks started")
-    elif code == 0 and (limit := timelimit.saved(logs)) is not None:
-        status, exit_code, error = timelimit.outcome(exp, limit, os.environ)
-    elif code == 0:
-        status, exit_code, error = "completed", 0, None
-    else:
-        assert code is not None  # None only when a signal abandoned the launch (stop.signum is set)
-        status, exit_code = "failed", code
-        rdzv = exp.launcher.rdzv_timeout_s
-        error = (first_rank_error(run_dir, since=started - rdzv, rdzv_timeout_s=rdzv)
-                 or (f"torchrun was killed by {signal.Signals(-code).name}" if code < 0
-                     else f"torchrun exited with code {code}"))
+    try:
+        if stop.signum is None and code != 0 and (refused := job_config.read_refusal(run_dir)) is not None:
+            raise refused
+        status, exit_code, error = outcome.status(plan, run_dir, code, stop.signum, ranks_started=stop.proc is not None,
+                                                  since=started)
+    finally:
+        reserve.release()  # the ranks are gone: the room held for the summary and the last lines
     export = None
-    if status == "completed" and exp.checkpoint.kind in ("hf_export", "hf_roundtrip"):
-        log.info("qwen3exp: completing and verifying the Hugging Face export", extra=console.LIVE)
-        export = finish_export(plan, run_dir)
+    if status == "completed" and exp.checkpoint.exports:
+        export = outcome.finish_export(plan, run_dir)
         if not export["ok"]:
             status, exit_code, error = "failed", 1, f"the Hugging Face export does not verify: {export['error']}"
+    wall = time.monotonic() - start
     # Node 0: every attempt in this run directory (requeues of a SLURM job, relaunches).
     this = timelimit.attempt_record(os.environ, number=len(earlier) + 1, status=status, started=started,
                                     wall=wall, resumed_from=resumed_from, error=error,
                                     steps=rundir.read_metrics(run_dir))
-    summary = summarize(plan, run_dir, exit_code=exit_code, status=status, wall=wall, error=error,
-                        resumed_from=resumed_from, export=export,
-                        extra={"attempts": [*earlier, this]} if where.node_rank == 0 else None)
-    last, val = summary["last_loss"], summary["val_loss"]
-    outcome = (f"qwen3exp: {status}: {run_dir}  last loss {last if last is None else f'{last:.4f}'}"
-               + (f"  val loss {val:.4f}" if val is not None else "") + f"  wall {wall:.1f}s"
-               + (f"\n  error: {error}" if error else ""))
-    if status == "completed":
-        log.info(outcome, extra=console.GOOD)
-    elif status == "failed":
-        log.error(outcome)
-    else:  # interrupted, requeued, stopped at the time limit
-        log.warning(outcome)
+    summary = outcome.summarize(plan, run_dir, exit_code=exit_code, status=status, wall=wall, error=error,
+                                resumed_from=resumed_from, export=export,
+                                extra={"attempts": [*earlier, this]} if where.node_rank == 0 else None)
+    if stop.signum is not None:
+        console.logger("qwen3exp.launch").warning(
+            outcome.stopped_line(plan, run_dir, stop.signum, origin, ranks_started=stop.proc is not None))
+    else:
+        outcome.say(summary, run_dir)
     return summary
+
+
+def _prepare_run_dir(plan: Plan, run_dir: Path, origin: provenance.Origin | None) -> tuple[int | None, dict]:
+    """Everything before torchrun starts: the run files, provenance, metrics.jsonl reset (node 0),
+    the ranks' environment, the opening lines. Returns (the checkpoint step resumed from, the env)."""
+    from qwen3exp.plan import render
+
+    exp, where, facts = plan.exp, plan.placement, plan.platform
+    log = console.logger("qwen3exp.launch")
+    logs = run_dir / rundir.LOGS
+    if where.nnodes == 1:
+        _wait_until_free(run_dir, exp.launcher.stop_timeout_s + 5)
+    write_run_files(plan, run_dir)
+    provenance.write(run_dir, facts, experiment_hash(exp), origin)
+    # Node 0 only: the ranks (also those of the other nodes) cannot start before its agent joins.
+    resumed_from = _reset_metrics(exp, run_dir) if where.node_rank == 0 else None
+    job_config.refusal_path(run_dir).unlink(missing_ok=True)  # an earlier launch's, in a relaunched directory
+    if where.node_rank == 0:
+        timelimit.clear(logs)
+    env = rank_env(facts, run_dir)
+    env.update(tracking.env(exp, run_dir, sweep_dir=origin.sweep_dir if origin else None))
+    node = f"node {where.node_rank}/{where.nnodes} ({where.how}), " if where.nnodes > 1 else ""
+    log.info(f"qwen3exp: {exp.name}: {plan.mesh.world_size} rank(s) on {facts.name} "
+             f"({facts.reason}); {node}run directory {run_dir}"
+             + (f"; resuming from checkpoint step {resumed_from}" if resumed_from is not None else ""))
+    log.debug("%s", render.render(plan, title=f"the plan of {exp.name}:"))
+    for w in plan.warnings:
+        log.warning(f"qwen3exp: warning: {w}")
+    log.debug("command: %s", shlex.join(provenance.redact_argv(plan.command)))
+    if where.nnodes > 1:
+        log.info(f"qwen3exp: waiting for {where.nnodes} node(s) to join the rendezvous "
+                 f"(up to launcher.rdzv_timeout_s={exp.launcher.rdzv_timeout_s:g}s)", extra=console.LIVE)
+    else:
+        log.info(f"qwen3exp: starting {plan.mesh.world_size} rank(s)", extra=console.LIVE)
+    return resumed_from, env
 
 
 def prepare(exp: Experiment, env: Mapping[str, str] | None = None) -> Prepared:

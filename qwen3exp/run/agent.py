@@ -15,6 +15,9 @@ ranks failed, stopped by a signal, the rendezvous failed), how. An agent that ha
 end was killed itself (SIGKILL, its node lost): on several nodes that is how "node 1's agent was
 killed" is told apart from the SIGTERM srun's --kill-on-bad-exit then sends to the other nodes.
 
+Stopped by a signal (SIGTERM from the launcher on Ctrl-C, or from SLURM), the agent stops its
+ranks as torchrun does and exits with code 128 + the signal's number, without torchrun's traceback.
+
 SLURM's pre-timeout signal (SIGUSR2, `launcher.signal_delay_s` before the time limit) reaches every
 process of the job step, the agents too: the agent would die of it, so it records the request for
 the ranks instead (`qwen3exp.run.timelimit`).
@@ -144,6 +147,18 @@ def _node(argv: list[str], args) -> int:
     return int(args.node_rank or 0)
 
 
+def for_this_node(argv: list[str], node: int) -> list[str]:
+    """srun starts one command on every node, node 0's (qwen3exp.plan.placement: it hosts the c10d
+    store, `is_host=true`, and names the ranks' store by its address, `--local-addr`); on another
+    node neither is its own: is_host=false and no --local-addr, like a launcher per node's."""
+    if node == 0 or "--local-addr" not in argv:
+        return argv
+    i = argv.index("--local-addr")
+    argv = argv[:i] + argv[i + 2:]
+    return [a.replace("is_host=true", "is_host=false") if k and argv[k - 1] == "--rdzv-conf" else a
+            for k, a in enumerate(argv)]
+
+
 def write_failures(path: Path, error, *, node: int, started: float, stopped: dict[int, str]) -> None:
     """`error`: torchrun's ChildFailedError."""
     failures = []
@@ -183,6 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     node, started = _node(argv, args), time.time()
+    argv = for_this_node(argv, node)
     os.environ[NODE_ENV] = str(node)
     log_dir = Path(args.log_dir) if args.log_dir else None
     path = failures_file(log_dir, node) if log_dir is not None else None
@@ -209,7 +225,11 @@ def main(argv: list[str] | None = None) -> None:
         raise
     except SignalException as e:
         how = f"stopped by {signal.Signals(e.sigval).name}"
-        raise
+        # torchrun has stopped its ranks because it was asked to (the launcher's Ctrl-C or SIGTERM,
+        # SLURM's scancel): an expected end, which the launcher reports in one line. torchrun's
+        # 30-line traceback of where its monitor loop slept says nothing more; the exit code is the
+        # shell's for a signal (128 + its number).
+        raise SystemExit(128 + int(e.sigval)) from None
     except RendezvousError as e:
         how, error = "rendezvous failed", f"{type(e).__name__}: {e}" + (f" ({e.__cause__})" if e.__cause__ else "")
         raise

@@ -11,16 +11,20 @@ would print the lines.
 - A live line (progress, what the ranks are doing): on a TTY one line rewritten in place, and the
   last one kept when another line comes; in a pipe or file each update is a line of its own.
   A record is live when it was logged with `extra=LIVE`.
+- The wall time a run reports is the command's: `command_started()` is called by the command line
+  first thing, and `command_start()` gives that moment to the launcher.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
 import shutil
 import sys
 import threading
+import time
 
 LIVE = {"live": True}
 """`log.info(text, extra=LIVE)`: a live line (rewritten in place on a terminal)."""
@@ -109,6 +113,25 @@ def end_live() -> None:
             ConsoleHandler._live_shown = False
 
 
+def tolerate_full_disk() -> None:
+    """The run's log file (qwen3exp.log, Hydra's FileHandler) on a disk that fills: logging would
+    print its own traceback for every line it cannot write ("--- Logging error ---"). The console
+    shows each line anyway, so a file handler skips what the full disk refuses, silently."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler) and not isinstance(handler.handleError, _SkipFullDisk):
+            handler.handleError = _SkipFullDisk(handler.handleError)  # type: ignore[method-assign]
+
+
+class _SkipFullDisk:
+    def __init__(self, handle_error) -> None:
+        self.handle_error = handle_error
+
+    def __call__(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if not (isinstance(error, OSError) and error.errno == errno.ENOSPC):
+            self.handle_error(record)
+
+
 def logger(name: str = "qwen3exp") -> logging.Logger:
     """The `qwen3exp` logger (or a child), printing to stdout even where Hydra's job logging is not
     configured: a ConsoleHandler is added when no handler in the chain writes to a terminal stream."""
@@ -132,3 +155,17 @@ def _prints(log: logging.Logger) -> bool:
                 return True
         current = current.parent if current.propagate else None
     return False
+
+
+_command_start: list[float] = []
+
+
+def command_started() -> None:
+    """The command line (`qwen3exp.cli.main`) starts now (`time.monotonic()`)."""
+    _command_start[:] = [time.monotonic()]
+
+
+def command_start(default: float) -> float:
+    """When this process's command line started (`time.monotonic()`); `default` when it was not
+    started by one (a SLURM job's process, a notebook calling the launcher)."""
+    return _command_start[0] if _command_start else default

@@ -5,16 +5,20 @@ console (`qwen3exp.run.console`). By default it leaves out
 - torchtitan's INFO lines: setup and step lines, which qwen3exp's own progress and phase lines
   replace (`qwen3exp.run.progress`);
 - the known warnings in `SILENCED` below, each with the reason nobody needs to act on it.
-Everything else (any other warning, every error, every traceback) is shown. `verbose=true` (or
-`-v`) shows every line. Nothing is lost either way: every rank's whole output is in the run
-directory's `logs/` (torchrun's per-rank stdout.log / stderr.log), and the end of the launch says
-how many lines were left out.
+Everything else (any other warning, every error, every traceback) is shown, until the launcher
+has asked the ranks to stop (Ctrl-C, SIGTERM): what torchrun and the ranks print from then on
+(torchrun's shutdown warnings and SignalException traceback, the errors of ranks whose peers were
+stopped) is the expected end of a stop, and the launcher's own line says how it ended (it goes to
+qwen3exp.log). `verbose=true` (or `-v`) shows every line. Nothing is lost either way: every
+rank's whole output is in the run directory's `logs/` (torchrun's per-rank stdout.log /
+stderr.log), and the end of the launch says how many lines were left out.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 _TEE = re.compile(r"^\[(?:default|rank)\d+\]:")
@@ -58,6 +62,8 @@ SILENCED: tuple[Silenced, ...] = (
              "torchdata's StatefulDataLoader calls a deprecated torch API on its own"),
     Silenced(r"^(Loading weights|Loading checkpoint shards)\b.*\d+/\d+", "transformers",
              "a progress bar; qwen3exp says when weights load"),
+    Silenced(r"^Generating \w+ split\b", "datasets",
+             "a progress bar of the data cache being built; qwen3exp says when the data is prepared"),
 )
 _COMPILED = tuple((re.compile(s.pattern), s) for s in SILENCED)
 
@@ -93,18 +99,28 @@ class RankFilter:
     """Decides, line by line, what of the ranks' output is shown (see the module docstring) and
     counts what is not."""
 
-    def __init__(self, *, verbose: bool) -> None:
+    def __init__(self, *, verbose: bool, stopping: Callable[[], bool] = lambda: False) -> None:
         self.verbose = verbose
+        self.stopping = stopping
+        """True once the launcher has asked the ranks to stop."""
         self.hidden: Counter[str] = Counter()
         self._source_line_of_hidden_warning = False
 
     def shows(self, line: RankLine) -> bool:
         follows_hidden = self._source_line_of_hidden_warning
-        self._source_line_of_hidden_warning = False
+        # A rank's stdout and stderr reach the launcher interleaved: a torchtitan log line may come
+        # between a warning (stderr) and its source line, so only a line of another kind ends it.
+        if line.kind != "titan":
+            self._source_line_of_hidden_warning = False
         if self.verbose:
             return True
+        if self.stopping():
+            self.hidden["lines printed while stopping"] += 1
+            return False
         if follows_hidden and line.kind == "other" and line.text.startswith("  "):
             self.hidden["known warnings"] += 1
+            return False
+        if not line.text.strip():  # an empty line (what a progress bar leaves behind) says nothing
             return False
         if line.level == "INFO":
             self.hidden["torchtitan info lines"] += 1

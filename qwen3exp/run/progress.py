@@ -8,17 +8,22 @@ logged step.
   (`qwen3exp.titan.metrics`), read as it grows:
   `step 12/30 (40%)  loss 6.8123  val 6.9021  4,816 tok/s  0.97 GiB  elapsed 0:14  ETA 0:21`.
   The ETA is the remaining steps at the pace measured since the first step this launch saw (the
-  first step's own time before that); a validation row adds its own line.
+  first step's own time before that); a validation row adds its own line. Only this launch's steps
+  are shown: a resumed run's earlier rows (kept in metrics.jsonl up to its checkpoint) are not.
+- `Watch` puts them together for the launcher: rank 0's lines through the noise filter, the phases,
+  the step lines.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from qwen3exp.run import console, noise
 from qwen3exp.run.noise import RankLine
 
 PHASES: tuple[tuple[str, str], ...] = (
@@ -57,7 +62,8 @@ def clock(seconds: float | None) -> str:
 
 
 class Progress:
-    """Reads metrics.jsonl as it grows (`poll`) and says each new row through `say(text, live)`."""
+    """Reads metrics.jsonl as it grows (`poll`) and says each new row through `say(text, live)`.
+    Rows already in the file when it is made (a resumed run's, up to its checkpoint) are not new."""
 
     def __init__(self, metrics: Path, total_steps: int, say: Callable[[str, bool], None],
                  *, now: Callable[[], float] = time.monotonic) -> None:
@@ -71,26 +77,34 @@ class Progress:
         self._first: tuple[int, float] | None = None  # (step, when seen) of the first row of this launch
         self.val_loss: float | None = None
         self.last_step: int | None = None
+        for row in self._new_rows():  # an earlier launch's rows: only the latest validation loss counts
+            if "val_loss" in row and "loss" not in row:
+                self.val_loss = row["val_loss"]
 
     def poll(self) -> None:
+        for row in self._new_rows():
+            self._row(row)
+
+    def _new_rows(self) -> list[dict]:
+        """The whole rows appended since the last call (a row being written waits for its newline)."""
         try:
             with open(self.path, "rb") as f:
                 f.seek(self._offset)
                 chunk = f.read()
         except OSError:
-            return
-        if not chunk:
-            return
+            return []
         self._offset += len(chunk)
         text = self._partial + chunk.decode("utf-8", errors="replace")
         *lines, self._partial = text.split("\n")
+        rows = []
         for line in lines:
             try:
                 row = json.loads(line)
             except ValueError:
                 continue
             if isinstance(row, dict) and isinstance(row.get("step"), int):
-                self._row(row)
+                rows.append(row)
+        return rows
 
     def _row(self, row: dict) -> None:
         step = row["step"]
@@ -136,3 +150,45 @@ class Progress:
 
 def _num(v) -> str:
     return f"{v:.4f}" if isinstance(v, int | float) else "n/a"
+
+
+class Watch:
+    """What the person watching sees while torchrun runs: rank 0's lines through the noise filter
+    (`qwen3exp.run.noise`), the phases they announce and one line per logged step (`Progress`;
+    node 0 only: it holds the metrics rank). `stopping()`: true once the launcher has asked the
+    ranks to stop; the lines that follow are left out (the filter's rule) and kept in qwen3exp.log
+    (torchrun's own output is in no rank's log file)."""
+
+    def __init__(self, metrics: Path, total_steps: int, *, verbose: bool, node_rank: int,
+                 stopping: Callable[[], bool]) -> None:
+        self.log = console.logger("qwen3exp.launch")
+        self.ranks = console.logger("qwen3exp.ranks")
+        self.filter = noise.RankFilter(verbose=verbose, stopping=stopping)
+        self.progress = Progress(metrics, total_steps, self.say) if node_rank == 0 else None
+        self._phase: str | None = None
+
+    def say(self, text: str, live: bool) -> None:
+        self.log.info(text, extra=console.LIVE if live else None)
+
+    def line(self, raw: str) -> None:
+        text = console.strip_ansi(raw.rstrip("\r\n"))
+        line = noise.parse(raw)
+        phase = phase_of(line)
+        if phase is not None and phase != self._phase and not self.filter.stopping():
+            self._phase = phase
+            self.say(f"qwen3exp: {phase}", True)
+        if self.filter.shows(line):
+            self.ranks.info(text)
+        elif self.filter.stopping():
+            self.ranks.debug(text)
+
+    def tick(self) -> None:
+        if self.progress is not None:
+            self.progress.poll()
+
+    def finish(self) -> None:
+        """The last rows; what was left out, in one line (after a stop in qwen3exp.log only: the
+        stop's own line is the last one on the console)."""
+        self.tick()
+        if (hidden := self.filter.summary()) is not None:
+            self.log.log(logging.DEBUG if self.filter.stopping() else logging.INFO, f"qwen3exp: {hidden}")

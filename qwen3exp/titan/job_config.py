@@ -230,10 +230,10 @@ def validator_config(exp: Experiment, data: Path, text_field: str):
 
 
 def checkpoint_config(exp: Experiment):
-    """torchtitan's CheckpointManager.Config for the experiment's checkpoint kind."""
-    from torchtitan.components.checkpoint import CheckpointManager
-
+    """torchtitan's checkpoint manager config for the experiment's checkpoint kind (qwen3exp's
+    subclass: `keep_latest_k` keeps exactly k, a resume is quiet)."""
     from qwen3exp.run import rundir
+    from qwen3exp.titan.checkpointing import KeepLatestCheckpointManager as CheckpointManager
     c, folder = exp.checkpoint, rundir.CHECKPOINT
     weights = model_files.weights_folder(exp)
     load = dict(initial_load_path=str(weights), initial_load_in_hf=True, initial_load_model_only=True)

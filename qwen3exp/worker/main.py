@@ -19,6 +19,7 @@ fault-injection test hooks (`qwen3exp.run.faults`) are read here.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -113,8 +114,12 @@ def _fail_fast(run_dir: Path, exc: BaseException) -> None:
     torchrun stops them only when this process is gone (a normal interpreter shutdown with live
     process groups and dataloader threads took seconds here)."""
     try:
-        _write_error(run_dir, exc)
-        traceback.print_exc()
+        try:
+            _write_error(run_dir, exc)
+        except OSError as e:  # e.g. the disk is full: the traceback below still says what failed
+            print(f"qwen3exp: rank {os.environ.get('RANK', '0')} could not write its error report: {e}",
+                  file=sys.stderr)
+        traceback.print_exception(exc)
         sys.stdout.flush()
         sys.stderr.flush()
     finally:
@@ -137,7 +142,6 @@ def _exit_done() -> None:
     # results are closed and fsynced before (metrics.jsonl, TensorBoard, checkpoints, HF export),
     # the skipped atexit handlers only stop helper threads and compile-worker processes (which
     # exit with their parent; the launcher kills anything left), and the kernel frees the rest.
-    import logging
 
     logging.shutdown()
     sys.stdout.flush()
@@ -147,6 +151,10 @@ def _exit_done() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    # A rank's output goes to files in the run directory (torchrun's redirects): on a full disk every
+    # log line would add logging's own "--- Logging error ---" traceback. The rank's real error (the
+    # write that failed with ENOSPC) is reported anyway.
+    logging.raiseExceptions = False
     # SIGKILL when torchrun dies, however it dies: no rank outlives its agent.
     procs.die_with_parent(signal.SIGKILL)
     timelimit.catch_signal(Path(argv[0]).resolve() / rundir.LOGS)  # SIGUSR2 is a request, not fatal
