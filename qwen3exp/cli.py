@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from qwen3exp.config.compose import Invocation, Master, parse_argv, precheck, quote_value
-from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError
+from qwen3exp.errors import EXIT_CHECK_CRASHED, EXIT_CONFIG_ERROR, ConfigError, printable
 
 COMMANDS = ("init", "report", "diff", "relaunch")
 
@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None) -> 
         return 0
     command = command or [sys.executable, "-m", "qwen3exp", *argv]
     os.environ[COMMAND_ENV] = json.dumps(command)
+    from qwen3exp.run import console
+
+    console.command_started()  # a run's wall time is the command's (launchers.local)
     try:
         inv = parse_argv(argv)
     except ConfigError as e:
@@ -75,8 +78,31 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None) -> 
             return EXIT_CONFIG_ERROR
         return 0
     if inv.info_flags:  # --hydra-help, --cfg job, ...: Hydra answers by itself, nothing runs
+        from qwen3exp.config.compose import check_files
+
+        try:
+            check_files(inv)  # the config files' size and alias limits, before Hydra parses them
+        except ConfigError as e:
+            print(e.render(), file=sys.stderr)
+            return EXIT_CONFIG_ERROR
         _run_hydra(inv, [], multirun=inv.multirun)
         return 0
+    # SIGTERM (a scheduler's preemption) and SIGHUP (the terminal went away) stop a launch like
+    # Ctrl-C: with the summary, or, before any job started, leaving nothing behind.
+    old = {sig: signal.signal(sig, _on_sigterm) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return _checked_launch(inv, command)
+    except (KeyboardInterrupt, _Terminated) as e:
+        print("qwen3exp: stopped while checking, before anything started; nothing was kept", file=sys.stderr)
+        return 130 if isinstance(e, KeyboardInterrupt) else 143
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _checked_launch(inv: Invocation, command: list[str]) -> int:
+    from qwen3exp.launchers.batch import job_started
+
     try:
         master = precheck(inv)
         held = _claim(master)
@@ -85,7 +111,7 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None) -> 
         return EXIT_CONFIG_ERROR
     out = Path(master.output_dir)
     dry = _dry_run(master)
-    discard = dry
+    refused = False  # a refusal, even one found inside the job, leaves nothing behind
     try:
         if master.adaptive:
             from qwen3exp.launchers import search
@@ -97,15 +123,17 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None) -> 
         return _launch(inv, master, out, command, dry)
     except ConfigError as e:
         print(e.render(), file=sys.stderr)
-        discard = True
+        refused = True
         return EXIT_CONFIG_ERROR
     except SystemExit as e:
-        if e.code != EXIT_CONFIG_ERROR:
+        if e.code not in (EXIT_CONFIG_ERROR, EXIT_CHECK_CRASHED):
             raise
-        discard = True  # refused before any job started (the launcher printed why)
-        return EXIT_CONFIG_ERROR
+        refused = True
+        return int(e.code)  # refused (or a check crashed): the launcher said why
     finally:
-        held.release(discard=discard)
+        # Until a job has started, whatever ends the launch (a refusal, a crash in a check, Ctrl-C or
+        # SIGHUP while planning) leaves nothing behind; a dry run never keeps anything.
+        held.release(discard=dry or refused or not job_started())
 
 
 def versions() -> str:
@@ -135,7 +163,15 @@ def _claim(master: Master):
 
     out = Path(master.output_dir)
     key = "hydra.sweep.dir" if master.multirun else "hydra.run.dir"
-    held = claim.claim(out, key=key, lock=claim.lock_name(_node_rank(master)))
+    node, run = _node_rank(master), None
+    if node is not None:  # the nodes' launchers share the folder: each records the run it belongs to
+        from qwen3exp.config.compose import experiment_data
+        from qwen3exp.config.schema import check_experiment
+        from qwen3exp.run import identity
+
+        exp = check_experiment(experiment_data(master.cfg)[0]).exp
+        run = identity.of(exp) if exp is not None else None
+    held = claim.claim(out, key=key, lock=claim.lock_name(node), run=run)
     problem = claim.not_a_sweep_problem(held) if master.multirun else claim.not_a_run_problem(held)
     if problem is not None:
         held.release(discard=True)
@@ -165,44 +201,54 @@ def _node_rank(master: Master) -> int | None:
 
 
 class _Terminated(BaseException):
-    """SIGTERM between two jobs (a scheduler's preemption): stop like Ctrl-C, with the summary."""
+    """SIGTERM or SIGHUP outside a job (while checking, between two jobs): stop like Ctrl-C."""
 
 
-def _on_sigterm(_signum, _frame):
+def _on_sigterm(signum, _frame):
+    from qwen3exp.launchers.batch import job_started
+
+    if signum == signal.SIGHUP and job_started():
+        # A job is running: its launcher stops the ranks and records the run on SIGTERM (qwen3exp's
+        # local launcher installs that handler for the job's lifetime); a hang-up means the same.
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
     raise _Terminated()
 
 
 def _launch(inv: Invocation, master: Master, out: Path, command: list[str], dry: bool) -> int:
     from qwen3exp.launchers import sweep
+    from qwen3exp.launchers.batch import job_started
 
     since = sweep.manifest_size(out)
     extra = [*master.extra, f"hydra.sweep.dir={quote_value(str(out))}"]
     if master.multirun:
-        print(f"  to resume this sweep later, run: {sweep.resume_command(command, out)}", flush=True)
+        from qwen3exp.run.provenance import redact_text
+
+        resume = redact_text(sweep.resume_command(command, out))  # a secret of the command line stays off the screen
+        print(f"  to resume this sweep later, run: {printable(resume)}", flush=True)
     else:
         extra.append("hydra.sweep.subdir=.")
     started = time.time()
     stopped = None
     gave_up = False
-    old = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         _run_hydra(inv, extra, multirun=True)
     except KeyboardInterrupt:  # Ctrl-C between two jobs (launcher=slurm: while waiting for them)
         stopped = 130
-    except _Terminated:
+    except _Terminated:  # SIGTERM (a scheduler's preemption) or SIGHUP (the terminal went away)
         stopped = 143
     except SystemExit as e:  # a job stopped by a signal, a refusal (2), or Hydra itself gave up
-        if e.code == EXIT_CONFIG_ERROR:
+        if e.code in (EXIT_CONFIG_ERROR, EXIT_CHECK_CRASHED):
             raise
         if e.code in (130, 143):
             stopped = int(e.code)
         else:
             gave_up = True
             print(f"qwen3exp: stopped early (exit {e.code})", file=sys.stderr)
-    finally:
-        signal.signal(signal.SIGTERM, old)
-    if dry:
-        return 0
+    if not job_started():
+        if stopped:
+            print("qwen3exp: stopped while checking, before anything started; nothing was kept", file=sys.stderr)
+        return stopped or (1 if gave_up else 0)
     slurm = _is_slurm(master)
     if slurm and stopped:
         _cancel(out)

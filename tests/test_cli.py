@@ -143,11 +143,21 @@ def test_run_directory_contract(trained):
 
 
 def test_existing_run_directory_is_never_overwritten(trained):
+    """Refused in one sentence that says what the directory holds, with the command that starts
+    anew; the same settings again are refused too (checkpoint=none: nothing to continue), and the
+    message never suggests the rerun it refuses. Nothing of the run is touched, multirun.yaml
+    included (Hydra's sweeper rewrites it before the launcher refuses)."""
     run, _ = trained
-    before = (run / "summary.json").read_text()
-    r = run_cli("training.steps=6", f"hydra.run.dir={run}")
-    assert r.returncode == 2 and "already holds a run" in r.stderr and "Traceback" not in r.stderr
-    assert (run / "summary.json").read_text() == before
+    before = {name: (run / name).read_bytes() for name in ("summary.json", "multirun.yaml")}
+    other = run_cli("training.steps=6", f"hydra.run.dir={run}")
+    same = run_cli("training.steps=12", f"hydra.run.dir={run}")
+    assert other.returncode == 2 and "Traceback" not in other.stderr
+    assert "holds a completed run of a different experiment (differing keys: training.steps)" in other.stderr
+    assert same.returncode == 2 and "holds a completed run of this same experiment" in same.stderr
+    assert "nothing to continue" in same.stderr and "start anew" in same.stderr
+    for r in (other, same):
+        assert "same settings" not in r.stderr
+    assert {name: (run / name).read_bytes() for name in before} == before
 
 
 @pytest.mark.parametrize("args,key,allowed", [

@@ -72,3 +72,87 @@ def test_experiment_files_start_with_their_command(option):
     header, first = (CONF / "experiment" / f"{option}.yaml").read_text().splitlines()[:2]
     assert header == "# @package _global_", header  # so that experiment=NAME is plain Hydra
     assert first.startswith("# python -m qwen3exp") and f"experiment={option}" in first, first
+
+
+# ------------------------------------------------------------------ where each value came from
+@pytest.fixture(scope="module")
+def user_repo(tmp_path_factory):
+    """A user's experiments repository as `qwen3exp init` writes it, plus a platform option of its
+    own that sets one key (the others: the schema's defaults) and a second experiment with a mistake."""
+    from qwen3exp.scaffold import init
+
+    repo = tmp_path_factory.mktemp("user_repo")
+    init(repo)
+    (repo / "conf" / "platform").mkdir()
+    (repo / "conf" / "platform" / "my_cpu.yaml").write_text("name: cpu\n")
+    experiment = (repo / "conf" / "experiment" / "my_experiment.yaml").read_text()
+    (repo / "conf" / "experiment" / "bad.yaml").write_text(experiment.replace("steps: 20", "steps: -3"))
+    return repo
+
+
+def _cli(repo, monkeypatch, capsys, *argv: str) -> tuple[int, str, str]:
+    """`qwen3exp ARGV` in-process, run from the user's repository (Hydra's global state cleared)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from qwen3exp.cli import main
+    from qwen3exp.launchers.batch import COMMAND_ENV
+
+    monkeypatch.chdir(repo)
+    monkeypatch.delenv(COMMAND_ENV, raising=False)  # main() sets it: put back after the test
+    GlobalHydra.instance().clear()
+    try:
+        code = main(list(argv))
+    finally:
+        GlobalHydra.instance().clear()
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _origins(out: str) -> dict[str, str]:
+    """The dry run's `key  value  where it came from` rows, by key."""
+    import re
+
+    rows = re.findall(r"^  ([a-z_]+(?:\.[a-z_]+)+|name|dry_run|verbose)  +(\S+) +(.+)$", out, re.MULTILINE)
+    return {k: where for k, _v, where in rows}
+
+
+def test_origins_of_every_kind_with_a_user_repo(user_repo, monkeypatch, capsys):
+    """Each kind of origin, for the packaged files and for the user's `-cd` files (which were shown
+    as the root config or the schema default), and errors repeat the right one."""
+    conf = user_repo / "conf"
+    code, out, err = _cli(user_repo, monkeypatch, capsys, "-cd", "conf", "experiment=my_experiment",
+                          "platform=my_cpu", "training.lr=0.01", "dry_run=true")
+    assert code == 0, err
+    origin = _origins(out)
+    assert origin["training.steps"] == f"experiment file {conf}/experiment/my_experiment.yaml"  # user's experiment
+    assert origin["data.path"] == f"group file {conf}/data/my_data.yaml"  # user's option, chosen by the experiment
+    assert origin["platform.name"] == f"group file {conf}/platform/my_cpu.yaml (chosen on the command line)"
+    assert origin["platform.threads_per_rank"] == "schema default"  # my_cpu.yaml leaves it unset
+    assert origin["model.flavor"] == "group file conf/model/native.yaml"  # packaged option
+    assert origin["training.seed"] == "root config conf/config.yaml"
+    assert origin["training.lr"] == "command line training.lr=0.01"
+
+    code, out, err = _cli(user_repo, monkeypatch, capsys, "-cd", "conf", "dry_run=true")
+    assert code == 0, err
+    assert _origins(out)["training.steps"] == "experiment file conf/experiment/tiny_native.yaml"  # packaged
+
+    code, out, err = _cli(user_repo, monkeypatch, capsys, "-cd", "conf", "experiment=bad", "dry_run=true")
+    assert code == 2 and "Traceback" not in err
+    assert f"from: experiment file {conf}/experiment/bad.yaml" in err, err
+
+
+def test_experiment_without_header_is_refused_whatever_it_holds(user_repo, monkeypatch, capsys, tmp_path):
+    """The file `qwen3exp init` writes, less its first line: a defaults list with `override /data:`
+    made Hydra fail with "Could not override 'data@experiment.data'" and no fix named."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(user_repo, repo)
+    path = repo / "conf" / "experiment" / "my_experiment.yaml"
+    path.write_text(path.read_text().replace("# @package _global_\n", "", 1))
+    code, out, err = _cli(repo, monkeypatch, capsys, "-cd", "conf", "experiment=my_experiment", "dry_run=true")
+    assert code == 2 and "Traceback" not in err, err
+    assert "Could not override" not in err
+    assert f"{path} does not start with the line '# @package _global_'" in err
+    assert "add '# @package _global_' as the file's first line" in err
+    assert not (repo / "outputs").exists()

@@ -605,7 +605,7 @@ def test_per_process_runtime_times_ranks_must_fit_available_memory(monkeypatch):
     (p,) = e.value.problems
     assert p.key == "launcher.nproc_per_node" and p.value == 8
     assert "per-process runtime" in p.message and "4.00 GiB available (MemAvailable" in p.message
-    assert p.allowed == "at most 5 rank(s) on this host"
+    assert p.allowed == "at most 3 rank(s) on this host"
     _cpu_plan(monkeypatch, available_gib=64, cores=64, nproc=8, memory_per_rank_gib=1)  # fits
     plan = _cpu_plan(monkeypatch, available_gib=4, cores=64, nproc=8, memory_per_rank_gib=1, dry_run=True)
     assert any(w.startswith("A REAL RUN IS REFUSED: launcher.nproc_per_node = 8") for w in plan.warnings)

@@ -78,6 +78,44 @@ def test_discard_removes_only_what_the_launch_created(tmp_path):
     c.release(discard=True)
     assert not (tmp_path / "new").exists()  # the parents it made went too; tmp_path stayed
 
+    # A file another program put into the directory meanwhile is never removed (nor the directory),
+    # and a bookkeeping file that was there (a completed run's multirun.yaml) is put back as it was.
+    (keep / "multirun.yaml").write_text("recorded\n")
+    before = snapshot(keep)
+    c = claim.claim(keep)
+    (keep / "multirun.yaml").write_text("rewritten by Hydra's sweeper\n")
+    (keep / "theirs.txt").write_text("another program's\n")
+    c.release(discard=True)
+    assert (keep / "theirs.txt").read_text() == "another program's\n"
+    (keep / "theirs.txt").unlink()
+    assert snapshot(keep) == before
+    c = claim.claim(fresh)
+    (fresh / "theirs.txt").write_text("x")
+    c.release(discard=True)
+    assert (fresh / "theirs.txt").read_text() == "x"
+
+
+def test_a_folder_holding_only_a_hydra_apps_files_is_not_empty(tmp_path):
+    """`.hydra/` (and qwen3exp.log, multirun.yaml) count as a launch's leftovers only beside a
+    qwen3exp lock file: a Hydra app's own `.hydra/` is somebody else's folder."""
+    theirs = tmp_path / "theirs"
+    (theirs / ".hydra").mkdir(parents=True)
+    c = claim.claim(theirs)
+    try:
+        assert claim.not_a_run_problem(c) is not None
+    finally:
+        c.release(discard=True)
+    assert (theirs / ".hydra").is_dir() and not (theirs / claim.LOCK).exists()
+    ours = tmp_path / "ours"  # what a launch SIGKILLed while it planned leaves
+    (ours / ".hydra").mkdir(parents=True)
+    (ours / "multirun.yaml").write_text("x\n")
+    (ours / claim.LOCK).write_text("{}\n")
+    c = claim.claim(ours)
+    try:
+        assert claim.not_a_run_problem(c) is None
+    finally:
+        c.release(discard=True)
+
 
 def test_discard_keeps_parents_that_gained_other_files(tmp_path):
     fresh = tmp_path / "p" / "run"

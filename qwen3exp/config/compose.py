@@ -17,11 +17,13 @@ batch before any job of it starts: `qwen3exp.launchers.batch`).
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from qwen3exp.config.names import register_resolvers
+from qwen3exp.config import credentials, sources, sweeps
+from qwen3exp.config.names import placement_problems, register_resolvers
+from qwen3exp.config.sweeps import representative_values
 from qwen3exp.errors import MISSING, ConfigError, Problem, did_you_mean, nearby_path, one_of
 
 CONF_DIR = (Path(__file__).parent.parent / "conf").resolve()
@@ -183,10 +185,10 @@ def parse_overrides(overrides: list[str], config_loader=None) -> list:
 
     try:
         parsed = OverridesParser.create(config_loader=config_loader).parse_overrides(overrides)
-    except OverrideParseException as e:
+    except (OverrideParseException, ValueError) as e:  # ValueError: an integer of over 4300 digits
         first = str(e).strip().splitlines()
-        raise ConfigError([Problem("(command line)", " ".join(overrides),
-                                   "cannot parse: " + "; ".join(first[:2]),
+        raise ConfigError([Problem("(command line)", credentials.mask_urls(" ".join(overrides)),
+                                   "cannot parse: " + credentials.mask_urls("; ".join(first[:2])),
                                    "key=value, group=option, +key=value, ~key")]) from None
     empty = [str(o.input_line) for o in parsed if not o.key_or_group]
     if empty:
@@ -201,15 +203,6 @@ def is_group_override(ov) -> bool:
     return key in GROUPS or "/" in key
 
 
-def sweep_values(ov) -> list[str] | None:
-    """The values of a sweep override (a,b / range() / choice() / glob()); None for the forms only
-    an adaptive sweeper expands (interval(), tag())."""
-    try:
-        return list(ov.sweep_string_iterator())
-    except Exception:  # interval() and friends: Hydra's own "not iterable" error
-        return None
-
-
 class Composer:
     """Hydra's compose API over the packaged config groups plus the user's (`hydra.searchpath`,
     which `--config-dir` becomes). Use as a context manager: it owns Hydra's global state while
@@ -221,6 +214,9 @@ class Composer:
         self._cache: dict[tuple[str, ...], Any] = {}
         self._options: dict[tuple[str, tuple[str, ...]], list[str]] = {}
         self._init: Any = None
+        self._checked: set[Path] = {CONF_DIR}
+        """Config folders whose files passed `sources.file_problems` (the packaged one needs no check)."""
+        self._searches: dict[tuple[str, ...], sources.SearchPath] = {}
 
     def __enter__(self) -> Composer:
         from hydra import initialize_config_dir
@@ -253,6 +249,20 @@ class Composer:
                                                                       overrides=list(searchpath)))
         return self._options[key]
 
+    def search_path(self, parsed: list) -> sources.SearchPath:
+        """The config sources of a composition with these overrides, every YAML file of their
+        folders checked against `sources` limits before Hydra parses any (raises ConfigError)."""
+        key = tuple(o.input_line for o in parsed if o.key_or_group == sources.SEARCHPATH_KEY)
+        if key not in self._searches:
+            # The primary folder first: finding the search path may read the primary config.
+            problems = sources.file_problems([self.config_dir], self._checked)
+            search = sources.SearchPath(self.loader, self.config_name, parsed) if not problems else None
+            problems += sources.file_problems(search.folders(), self._checked) if search is not None else []
+            if problems or search is None:
+                raise ConfigError(problems)
+            self._searches[key] = search
+        return self._searches[key]
+
     def compose(self, overrides: list[str], *, context: str | None = None):
         """The composed config (the hydra node included); raises ConfigError naming every mistake."""
         key = tuple(overrides)
@@ -267,9 +277,15 @@ class Composer:
         from omegaconf.errors import OmegaConfBaseException
 
         parsed = parse_overrides(overrides)
+        try:
+            search = self.search_path(parsed)
+        except ConfigError as e:
+            raise ConfigError(e.problems, context=context) from None
         problems = self.group_problems(parsed, tuple(overrides))
         if problems:
             raise ConfigError([*problems, *self._other_problems(parsed, problems)], context=context)
+        if problems := sources.headless_problems(search, _experiment_choices(search, parsed)):
+            raise ConfigError(problems, context=context)
         try:
             return compose(config_name=self.config_name, overrides=overrides, return_hydra_config=True)
         except yaml.YAMLError as e:
@@ -291,7 +307,7 @@ class Composer:
             if group not in GROUPS or ov.is_delete():
                 continue
             options = self.options(group, overrides)
-            values = sweep_values(ov) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
+            values = representative_values(ov) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
             for v in values or []:
                 if v not in options and v != "null":
                     problems.append(Problem(group, v, f"no option {v!r} in config group {group!r}",
@@ -323,6 +339,18 @@ class Composer:
         except Exception:
             base = None
         return _problems_from_compose_error(e, values, base)
+
+
+def _experiment_choices(search: sources.SearchPath, parsed: list) -> list[str]:
+    """The experiment files a composition reads: the command line's `experiment=NAME` (each value
+    of a sweep), else the one the primary config's defaults list names."""
+    named = [ov for ov in parsed if ov.key_or_group == "experiment"]
+    if not named:
+        default = sources.default_experiment(search)
+        return [default] if default else []
+    values = [v for ov in named if not ov.is_delete()
+              for v in (representative_values(ov) if ov.is_sweep_override() else [ov.get_value_element_as_str()])]
+    return [v for v in values if v and v != "null"]
 
 
 def _config_sources(cfg) -> list[dict]:
@@ -392,15 +420,11 @@ def sweeper_params(cfg) -> list[str]:
     return [f"{k}={v}" for k, v in params.items()]
 
 
-def representative_values(ov) -> list[str]:
-    """Values of a sweep override a check can compose: a list / range() / choice() / glob() gives
-    all of them, interval() its two ends (tag() unwrapped)."""
-    values = sweep_values(ov)
-    if values is not None:
-        return values
-    v = ov.value()
-    start, end = getattr(v, "start", None), getattr(v, "end", None)
-    return [str(x) for x in (start, end) if x is not None]
+def check_files(inv: Invocation) -> None:
+    """The config files' limits (`sources.file_problems`) for a command that runs Hydra without
+    `precheck` (--cfg, --info, --hydra-help); raises ConfigError."""
+    with Composer(inv.config_dir, inv.config_name) as c:
+        c.search_path(parse_overrides(inv.overrides))
 
 
 def precheck(inv: Invocation) -> Master:
@@ -411,13 +435,17 @@ def precheck(inv: Invocation) -> Master:
     from omegaconf import OmegaConf
 
     multirun_asked = inv.multirun
+    if problems := _credential_overrides(inv.overrides):
+        raise ConfigError(problems)
     with Composer(inv.config_dir, inv.config_name) as c:
+        c.search_path(parse_overrides(inv.overrides))  # the config files' limits, before Hydra reads any
         # glob() lists a config group's options: the parser needs Hydra's config loader for it.
         parsed = parse_overrides(inv.overrides, config_loader=c.loader)
         cli_sweeps = [o for o in parsed if o.is_sweep_override()]
+        if problems := sweeps.single_problems(cli_sweeps):
+            raise ConfigError(problems)
         fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-        base = fixed + [_with_value(o, representative_values(o)[0]) for o in cli_sweeps
-                        if representative_values(o)]
+        base = fixed + [_with_value(o, v) for o in cli_sweeps if (v := sweeps.first_value(o)) is not None]
         try:
             cfg0 = c.compose(base)
         except ConfigError as e:
@@ -441,18 +469,18 @@ def precheck(inv: Invocation) -> Master:
             params = []
         cli_keys = {o.key_or_group for o in parsed}  # the command line's value for a key wins
         file_sweeps = [o for o in parse_overrides(params, config_loader=c.loader) if o.key_or_group not in cli_keys]
-        sweeps = [*file_sweeps, *cli_sweeps]
-        if sweeper == BASIC_SWEEPER and (search := [o for o in sweeps if sweep_values(o) is None]):
+        swept = [o for o in [*file_sweeps, *cli_sweeps] if o.is_sweep_override()]
+        if sweeper == BASIC_SWEEPER and (search := [o for o in swept if sweeps.sweep_size(o) is None]):
             raise ConfigError([Problem(o.key_or_group, o.input_line.split("=", 1)[1],
                                        f"{SEARCH_ONLY}; Hydra's basic sweeper (the default) cannot expand it",
                                        "a list (a,b,c), range(), choice() or glob(); or an adaptive sweeper: "
                                        "hydra/sweeper=optuna (pip install 'qwen3exp[optuna]')",
                                        source="hydra.sweeper.params" if o in file_sweeps else "command line")
                                 for o in search])
+        if sweeper == BASIC_SWEEPER and (problems := sweeps.size_problems(swept, file_sweeps=tuple(file_sweeps))):
+            raise ConfigError(problems)
         all_fixed = fixed + [o.input_line for o in file_sweeps if not o.is_sweep_override()]
-        swept = [o for o in sweeps if o.is_sweep_override()]
-        cfg = c.compose(all_fixed + [_with_value(o, representative_values(o)[0]) for o in swept
-                                     if representative_values(o)])
+        cfg = c.compose(all_fixed + [_with_value(o, v) for o in swept if (v := sweeps.first_value(o)) is not None])
         errors = _group_variant_errors(c, all_fixed, swept)
         if errors:
             raise ConfigError.several(errors)
@@ -463,6 +491,8 @@ def precheck(inv: Invocation) -> Master:
         from omegaconf.errors import OmegaConfBaseException
 
         data, _ = experiment_data(cfg)  # an interpolation that does not resolve, named by its key
+        if problems := credentials.url_credential_problems(data):  # before Hydra records any value
+            raise ConfigError(problems)
         if not multirun:  # the run directory is named from these values: check them before claiming it
             from qwen3exp.config.schema import check_experiment
 
@@ -473,16 +503,31 @@ def precheck(inv: Invocation) -> Master:
             output_dir = str(OmegaConf.select(cfg, "hydra.sweep.dir" if multirun else "hydra.run.dir"))
         except OmegaConfBaseException as e:
             raise ConfigError([omegaconf_problem(e)]) from None
+        if problems := placement_problems(cfg, multirun=multirun):
+            raise ConfigError(problems)
     return Master(cfg, multirun, output_dir, [o.input_line for o in swept], sweeper, extra)
 
 
-def _group_variant_errors(c: Composer, fixed: list[str], sweeps: list) -> list[ConfigError]:
+def _credential_overrides(overrides: list[str]) -> list[Problem]:
+    """A value override that holds URL credentials (each value of a sweep, an unknown key too),
+    refused before anything could print or record it; hydra.* overrides (hydra.job.env_set) may:
+    their records are redacted."""
+    problems = []
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if not key.lstrip("+~").startswith(("hydra.", "hydra/")) and credentials.URL_USERINFO.search(value):
+            problems += [replace(p, key=key.lstrip("+~"), source="command line " + credentials.mask_urls(o))
+                         for p in credentials.url_credential_problems(value)]
+    return problems
+
+
+def _group_variant_errors(c: Composer, fixed: list[str], swept: list) -> list[ConfigError]:
     """Compose once per further option of each swept config group (the others at their first
     value): a group option brings its own files and keys, so each is checked here."""
     firsts = {o.input_line.split("=", 1)[0]: _with_value(o, vs[0])
-              for o in sweeps if (vs := representative_values(o))}
+              for o in swept if (vs := representative_values(o))}
     errors = []
-    for o in sweeps:
+    for o in swept:
         if o.key_or_group.split("@")[0] not in GROUPS:
             continue
         key = o.input_line.split("=", 1)[0]
@@ -545,24 +590,22 @@ def experiment_data(cfg) -> tuple[dict, list[Problem]]:
     assert isinstance(data, dict)
     if isinstance(data.get("experiment"), dict):
         raise ConfigError([_headless_experiment(cfg, data["experiment"])])
-    return data, problems
+    return data, [*problems, *credentials.url_credential_problems(data)]
 
 
 def _headless_experiment(cfg, nested: dict) -> Problem:
-    """An experiment file without `# @package _global_`: Hydra nests its keys under `experiment.`."""
+    """An experiment file without `# @package _global_` that got through (a nested defaults list
+    chose it): Hydra nested its keys under `experiment.`."""
     from omegaconf import OmegaConf
 
     choice = OmegaConf.select(cfg, "hydra.runtime.choices.experiment", default="?")
     where = f"experiment/{choice}.yaml"
     for s in _config_sources(cfg):
         if s["schema"] == "file" and (Path(s["path"]) / where).is_file():
-            where = f"{Path(s['path']).name}/{where}"
+            packaged = Path(s["path"]).resolve() == CONF_DIR
+            where = f"{Path(s['path']).name}/{where}" if packaged else str(Path(s["path"]) / where)
             break
-    keys = ", ".join(f"experiment.{k}" for k in list(nested)[:4])
-    return Problem("experiment", choice, f"{where} does not start with the line '# @package _global_', so Hydra "
-                   f"put its keys under experiment. ({keys}) instead of the top level",
-                   "experiment files whose first line is # @package _global_",
-                   "add '# @package _global_' as the file's first line", source=where)
+    return sources.headless_problem(str(choice), where, None, [str(k) for k in nested])
 
 
 def compose_experiment(overrides: list[str], *, config_dir: Path = CONF_DIR, config_name: str = CONFIG_NAME):
@@ -574,8 +617,6 @@ def compose_experiment(overrides: list[str], *, config_dir: Path = CONF_DIR, con
     if problems:
         raise ConfigError(problems)
     return validate_experiment(data)
-
-
 
 
 def hydra_plugin_problems(cfg) -> list[Problem]:

@@ -79,34 +79,42 @@ class Provenance:
 
 def file_sources(composer, group_key: tuple[str, ...]) -> dict[str, Source]:
     """Each key set by a file of the defaults list, attributed to the last file that sets it.
-    `composer`: `defaults_list(group_key)`, `load_file(config_path)` and `where(config_path)` (the
-    file as shown), e.g. `qwen3exp.launchers.batch.HydraFiles`."""
+    `composer`: `defaults_list(group_key)` (Hydra's, with the search path), `loader` (Hydra's
+    ConfigLoader), `config_name` and `searchpath` (the `hydra.searchpath` overrides), e.g.
+    `qwen3exp.launchers.batch.HydraFiles`. Files are looked up in the search path as Hydra looks
+    them up (`qwen3exp.config.sources.SearchPath`): a user's `-cd` folder included."""
     from omegaconf import OmegaConf
 
+    from qwen3exp.config.compose import parse_overrides
+    from qwen3exp.config.sources import SearchPath
+
+    search = SearchPath(composer.loader, composer.config_name, parse_overrides(list(composer.searchpath)))
     sources: dict[str, Source] = {}
     chosen_on_cli = {g.split("=", 1)[0].lstrip("+~").split("@")[0] for g in group_key}
     for d in composer.defaults_list(group_key):
         path = d.config_path
         if path is None or path.startswith("hydra/") or (d.package or "").startswith("hydra"):
             continue
-        loaded = composer.load_file(path)
+        loaded = search.load(path)
         if loaded is None:
             continue
         node = OmegaConf.to_container(loaded.config, resolve=False)
         if not isinstance(node, dict):
             continue
         node.pop("defaults", None)
-        group = path.split("/")[0] if "/" in path else None
-        where = composer.where(path)
-        if group is None:
-            src = Source(ROOT_CONFIG, where)
-        elif group == "experiment":
-            src = Source(EXPERIMENT_FILE, where)
-        else:
-            src = Source(GROUP_FILE, where + (" (chosen on the command line)" if group in chosen_on_cli else ""))
+        src = _source(path, search.where(path), chosen_on_cli)
         for key in _leaves(node, d.package or ""):
             sources[key] = src
     return sources
+
+
+def _source(config_path: str, where: str, chosen_on_cli: set[str]) -> Source:
+    group = config_path.rsplit("/", 1)[0] if "/" in config_path else None
+    if group is None:
+        return Source(ROOT_CONFIG, where)
+    if group.split("/")[0] == "experiment":
+        return Source(EXPERIMENT_FILE, where)
+    return Source(GROUP_FILE, where + (" (chosen on the command line)" if group in chosen_on_cli else ""))
 
 
 def _leaves(node: Any, prefix: str) -> list[str]:

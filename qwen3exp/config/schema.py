@@ -32,6 +32,13 @@ INT_MAX = 2**31 - 1
 (torch, torchtitan and the C extensions they call take C ints or longs; a value beyond 64 bits
 passes a bare `int` and breaks a rank, after the workers started)."""
 PosInt = Annotated[int, Field(gt=0, le=INT_MAX)]
+MAX_NODES = 10_000
+"""Nodes of one run: the plan builds (and prints) one torchrun command per node."""
+MAX_PER_NODE = 1024
+"""Ranks, devices, cores or threads of one node: no machine has more; a bigger value is a typo, and
+the mesh check's divisor search over the world size would take seconds at 10^8."""
+NodeCount = Annotated[int, Field(gt=0, le=MAX_NODES)]
+PerNode = Annotated[int, Field(gt=0, le=MAX_PER_NODE)]
 NonNegInt = Annotated[int, Field(ge=0, le=INT_MAX)]
 Degree = Annotated[int, Field(ge=-1, le=INT_MAX)]
 
@@ -313,9 +320,9 @@ class AutoPlatform(_Strict):
 
 class CpuPlatform(_Strict):
     name: Literal["cpu"] = "cpu"
-    ranks_per_node: PosInt = 2
+    ranks_per_node: PerNode = 2
     """Ranks when launcher.nproc_per_node is null."""
-    threads_per_rank: PosInt | None = None
+    threads_per_rank: PerNode | None = None
     """torch intra-op threads per rank; None: cores / ranks (at least 1)."""
     memory_per_rank_gib: Annotated[float, Field(gt=0)] | None = None
     """Memory budget per rank for planning; None: physical memory / ranks."""
@@ -323,11 +330,11 @@ class CpuPlatform(_Strict):
 
 class CudaPlatform(_Strict):
     name: Literal["cuda"] = "cuda"
-    gpus_per_node: PosInt | None = None
+    gpus_per_node: PerNode | None = None
     """Ranks per node; None: the number of visible GPUs."""
     memory_per_gpu_gib: Annotated[float, Field(gt=0)] | None = None
     """Memory budget per rank for planning; None: the GPU's total memory."""
-    assumed_gpus_per_node: PosInt = 8
+    assumed_gpus_per_node: PerNode = 8
     """Planning on a machine without a GPU (a dry run elsewhere): GPUs per node when gpus_per_node is null."""
     assumed_memory_gib: Annotated[float, Field(gt=0)] = 80.0
     """Planning on a machine without a GPU: memory per GPU when memory_per_gpu_gib is null."""
@@ -382,7 +389,7 @@ class NeuronPlatform(_Strict):
     instance_type: str = "trn2.48xlarge"
     """Instance for the table values (chips, cores, HBM): used to plan without a device (dry run)
     and to check the device count against lnc."""
-    cores_per_node: PosInt | None = None
+    cores_per_node: PerNode | None = None
     """Logical NeuronCores (= ranks) per node; None: the instance table (checked against the device
     count before a real launch)."""
     hbm_per_core_gib: Annotated[float, Field(gt=0)] | None = None
@@ -484,8 +491,8 @@ class LocalLauncher(_Strict):
     """torchrun on this machine; with nnodes > 1, one such launcher per node."""
 
     kind: Literal["local"] = "local"
-    nnodes: PosInt = 1
-    nproc_per_node: PosInt | None = None
+    nnodes: NodeCount = 1
+    nproc_per_node: PerNode | None = None
     """Ranks per node; None: the platform decides (cpu: platform.ranks_per_node)."""
     node_rank: NonNegInt | None = None
     """This node's index (0 writes summary.json); None: 0 on one node, else SLURM_NODEID from the
@@ -525,11 +532,11 @@ class SlurmLauncher(_Strict):
     job, srun starts one torchrun agent per node with a c10d rendezvous on the first node."""
 
     kind: Literal["slurm"] = "slurm"
-    nnodes: PosInt = 1
+    nnodes: NodeCount = 1
     """Nodes per job (sbatch --nodes)."""
-    nproc_per_node: PosInt | None = None
+    nproc_per_node: PerNode | None = None
     """Ranks per node; None: the platform decides (cpu: platform.ranks_per_node)."""
-    cpus_per_node: PosInt | None = None
+    cpus_per_node: PerNode | None = None
     """CPU cores requested per node (the node's one task: sbatch --cpus-per-task); None: the
     cluster's default."""
     mem_gb: PosInt | None = None

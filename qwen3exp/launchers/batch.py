@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qwen3exp.config.schema import Experiment, SlurmLauncher
-from qwen3exp.errors import EXIT_CHECK_CRASHED, EXIT_CONFIG_ERROR, ConfigError, Problem
+from qwen3exp.errors import EXIT_CHECK_CRASHED, EXIT_CONFIG_ERROR, ConfigError, Problem, printable
 from qwen3exp.launchers import sweep
 from qwen3exp.run import rundir
 
@@ -283,11 +283,14 @@ def launch(config, hydra_context, task_function, job_overrides: Sequence[Sequenc
     from omegaconf import OmegaConf
 
     from qwen3exp.config.compose import BASIC_SWEEPER, register_resolvers
+    from qwen3exp.run.provenance import redact_hydra_record
 
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    # Hydra's sweeper wrote multirun.yaml (the command line's overrides) before calling the launcher.
+    redact_hydra_record(sweep_dir, ("multirun.yaml",))
     setup_globals()
     register_resolvers()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
-    sweep_dir = Path(str(config.hydra.sweep.dir))
     single = str(OmegaConf.select(config, "hydra.sweep.subdir", default="")) == "."
     cfgs, points, jobs, slurm = _checked(_check_batch, config, hydra_context, job_overrides, initial_job_idx, single)
     dry = any(p.exp.dry_run for p in points)
@@ -333,7 +336,7 @@ def _check_batch(config, hydra_context, job_overrides: Sequence[Sequence[str]], 
     cfgs, points, errors = [], [], []
     for i, overrides in enumerate(job_overrides):
         idx = initial_job_idx + i
-        label = " ".join(o for o in overrides if not o.startswith("hydra."))
+        label = printable(" ".join(o for o in overrides if not o.startswith("hydra.")), 300)
         context = None if single else f"sweep point {idx + 1}/{initial_job_idx + len(job_overrides)} [{label}]"
         try:
             cfg = loader.load_sweep_config(config, list(overrides))

@@ -376,7 +376,7 @@ def make_plan(exp: Experiment, run_dir: str | Path, *, overrides: list[str] | tu
             problems.append(problem)
     # This host's memory and cores for the ranks it starts (CPU): a dry run says so as loudly.
     for problem in host_problems(exp, facts, ranks=mesh.nproc_per_node,
-                                 plan_bytes_per_rank=mem.total if mem.fits else None):
+                                 plan_bytes_per_rank=mem.total if mem.fits else None, total_params=total):
         if exp.dry_run:
             warnings.append(f"A REAL RUN IS REFUSED: {problem.key} = {problem.value!r}: {problem.message}; "
                             f"allowed: {problem.allowed}")

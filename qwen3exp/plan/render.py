@@ -142,8 +142,10 @@ def validation_line(exp) -> str:
     v, steps = exp.validation, exp.training.steps
     if not v.enable:
         return "off (validation.enable=false): no held-out loss"
-    at = sorted({1, steps, *range(v.freq, steps + 1, v.freq)})
-    shown = ", ".join(map(str, at)) if len(at) <= 8 else f"{', '.join(map(str, at[:6]))}, ..., {steps}"
+    multiples = range(v.freq, steps + 1, v.freq)  # counted and sliced, never listed: steps may be 1e9
+    count = len(multiples) + (1 not in multiples) + (steps not in multiples)
+    at = sorted({1, steps, *multiples[:8]})
+    shown = ", ".join(map(str, at)) if count <= 8 else f"{', '.join(map(str, at[:6]))}, ..., {steps}"
     source = (f"{v.path} (validation.path; training reads all of its data)" if v.path is not None else
               f"{v.fraction:.0%} of the training documents held out (validation.fraction; the same ones every "
               "run, never trained on)")

@@ -125,19 +125,25 @@ def experiment_problems(exp, facts: PlatformFacts) -> list[Problem]:
     return problems
 
 
-def host_problems(exp, facts: PlatformFacts, *, ranks: int, plan_bytes_per_rank: int | None) -> list[Problem]:
+def host_problems(exp, facts: PlatformFacts, *, ranks: int, plan_bytes_per_rank: int | None,
+                  total_params: int = 0) -> list[Problem]:
     """What this host must give the `ranks` ranks it starts besides devices: on the CPU platform its
-    memory (per-process runtime x ranks + the plan) and its cores (`cpu.host_problems`). Nothing for
-    ranks on other machines (launcher=slurm: the plan runs where the job is submitted) or on
-    accelerators (their memory is the device's, checked by the plan)."""
+    memory (the ranks, the torchrun agent and this launcher, `cpu.HostMemory`) and its cores
+    (`cpu.host_problems`). Nothing for ranks on other machines (launcher=slurm: the plan runs where
+    the job is submitted) or on accelerators (their memory is the device's, checked by the plan).
+    `total_params`: the model's, for the launcher's verification of an HF export."""
+    from qwen3exp.config.schema import HFExport, HFRoundtrip
     from qwen3exp.platforms import cpu
 
     if facts.name != "cpu" or exp.launcher.kind != "local":
         return []
     ranks_key = "launcher.nproc_per_node" if exp.launcher.nproc_per_node else "platform.ranks_per_node"
     threads_given = exp.platform.name == "cpu" and exp.platform.threads_per_rank is not None
+    export = exp.checkpoint.dtype if isinstance(exp.checkpoint, HFExport | HFRoundtrip) else None
     return cpu.host_problems(facts, ranks=ranks, plan_bytes_per_rank=plan_bytes_per_rank, ranks_key=ranks_key,
-                             threads_given=threads_given)
+                             threads_given=threads_given, kernels_active=exp.kernels.active,
+                             export_dtype_bytes={"float32": 4, "bfloat16": 2, "float16": 2}.get(export or "", 0),
+                             total_params=total_params)
 
 
 def prepare_worker(facts: PlatformFacts) -> None:

@@ -16,10 +16,12 @@ Each adaptation states the upstream behaviour it answers:
    SDPA path creates no block mask, and model compilation stays off unless training.compile=true.
 
 Before launch (`host_problems`): the ranks of this node share its memory and cores. The plan's
-per-rank estimate counts the model only; every rank is also a Python process with torch,
-torchtitan and datasets loaded, so N ranks need N x (runtime + plan) plus the node's shared
-libraries and the torchrun agent, which must fit in what the host has available now. More threads
-than cores is slow (the plan warns); more than `OVERSUBSCRIPTION_LIMIT` threads per core is refused.
+per-rank estimate counts the model only; `HostMemory` adds what the processes of a launch hold
+beside it (measured, see `RANK_RUNTIME_BYTES`): each rank's runtime and transients, the torchrun
+agent, and this launcher, whose own peak comes while it completes and verifies an HF export (after
+the ranks have exited). The larger of the two phases must fit in what the host has available now.
+More threads than cores is slow (the plan warns); more than `OVERSUBSCRIPTION_LIMIT` threads per
+core is refused.
 """
 
 from __future__ import annotations
@@ -27,22 +29,54 @@ from __future__ import annotations
 import functools
 import os
 import platform as _platform
+from dataclasses import dataclass
 
 from qwen3exp.errors import Problem
 from qwen3exp.platforms import PlatformFacts
 from qwen3exp.units import GIB, MIB, gib
 
-# Measured once on the development host (2 cores, 24 GiB, torch 2.x, torchtitan 0.3.0, Python 3.11):
-# - `python -c "import torch, torchtitan.trainer"`: VmRSS 831 MiB = 485 MiB private (Anonymous in
-#   /proc/self/smaps_rollup) + ~350 MiB shared clean pages (the libraries' code);
-# - a rank of the tiny experiment (2 ranks, plan 58 MiB per rank), sampled from
-#   /proc/<pid>/smaps_rollup at steps 20-32: VmRSS ~990 MiB = ~610 MiB Anonymous + ~375 MiB
-#   Shared_Clean; the torchrun agent: VmRSS ~512 MiB (~283 MiB Anonymous).
-# Private memory is paid per rank; the shared libraries once per node (the page cache shares them).
-RANK_RUNTIME_BYTES = 600 * MIB
-"""Private memory of one CPU rank beyond its plan (~610 MiB measured, less the tiny plan, rounded up)."""
-NODE_RUNTIME_BYTES = 900 * MIB
-"""Once per node: the shared libraries of the ranks (~375 MiB) and the torchrun agent (~512 MiB)."""
+RANK_RUNTIME_BYTES = 910 * MIB
+"""What a CPU rank holds beyond its plan and the plan's transients: Python, torch, torchtitan, datasets.
+
+Measured (torch 2.14.1, torchtitan 0.3.0, Python 3.11, 2 cores): `python -m qwen3exp ...` run while
+a sampler reads VmRSS and VmHWM (/proc/<pid>/status) of every process below it every 50 ms: the
+launcher, the torchrun agent (`qwen3exp.run.agent`) and each rank (`qwen3exp.worker`); a process's
+peak is the largest value seen (a rank's VmHWM alone is not its peak: this module's
+`reset_peak_memory_stats` resets it every step). MiB of resident memory; plan = plan.json
+`memory.total` per rank; all `platform=cpu`, seq_len 32 x batch 1 unless said:
+
+    model (parameters), ranks, training.dtype        plan   rank peak  beyond plan  (beyond - 914) / plan
+    tiny (6 steps, seq_len 64 x 2), 2, float32         11     925         914           -
+    0.6B dims, 2 layers, vocab 32768 (65M), 2, bf16   640    2061        1421          0.79
+      the same, 2 ranks, float32                      888    2289        1401          0.55
+      the same, 1 rank, bfloat16                      504    2173        1669          1.50
+      the same, 1 rank, float32                      1000    2786        1786          0.87
+    0.6B dims, 4 layers (219M), 2, bf16              2633    5634        3001          0.79
+    Qwen3-0.6B (596M), 2, bf16 (*)                   4157    7987, 8499  3830, 4342    0.70, 0.82
+
+The tiny rank is nearly all runtime (914 MiB, of which ~375 MiB are the libraries' shared pages:
+counted in every process, as an RSS sum does). The rest grows with the plan, not with a constant:
+`RANK_TRANSIENT_FRACTION`. The agent peaked at 647 MiB beside 2 ranks (538-625 MiB beside 1). The
+launcher: 48 MiB while it plans and waits (it imports neither torch nor torchtitan), 855 MiB when
+kernel overrides are matched (torchtitan imported), and while it completes and verifies an HF
+export: 771 MiB for tiny, 2018 MiB for the 219M model exported in bfloat16, i.e. 768 MiB + 6.0 bytes
+per parameter (transformers' float32 copy, 4, plus the bfloat16 export read through mmap, 2).
+(*) ranks as tests/bench/bench_hf_0p6b.py measured them (tests/test_hf_realistic.py). The figure,
+against the most all processes held at once: tiny 1.06x (tests/test_platform_cpu.py), 0.6B 18.7 GiB
+for 16.8 GiB (the figure before these measurements: 0.88x and 10.2 GiB)."""
+RANK_TRANSIENT_FRACTION = 1.0
+"""A rank's transients (casts, optimizer temporaries, freed activations the allocator keeps) as a
+fraction of its plan: 0.55-1.50 measured (above), so the plan counts about twice."""
+AGENT_BYTES = 650 * MIB
+"""The torchrun agent of this node (647 MiB measured beside 2 ranks)."""
+LAUNCHER_BYTES = 50 * MIB
+"""This launcher while the ranks run, for a plain experiment (48 MiB measured)."""
+LAUNCHER_TORCH_BYTES = 860 * MIB
+"""This launcher once it has imported torch: torchtitan to match kernel overrides (855 MiB
+measured), transformers to verify an HF export (768 MiB beside the model)."""
+VERIFY_BYTES_PER_PARAM = 4
+"""The HF export's verification loads the model with transformers in float32, reading the export's
+shards through mmap (their dtype's bytes per parameter come on top)."""
 OVERSUBSCRIPTION_LIMIT = 4
 """Threads per core beyond which a CPU launch is refused (from 1 it is a warning: slow, but it works)."""
 
@@ -64,26 +98,74 @@ def available_memory() -> int | None:
     return None
 
 
+@dataclass(frozen=True)
+class HostMemory:
+    """What a CPU launch needs from this host's memory, by part (bytes of resident memory)."""
+
+    ranks: int
+    plan_per_rank: int
+    launcher: int
+    """This launcher while the ranks run."""
+    export: int
+    """This launcher while it completes and verifies an HF export, after the ranks have exited
+    (0: the run exports nothing)."""
+
+    @property
+    def per_rank(self) -> int:
+        return RANK_RUNTIME_BYTES + int(self.plan_per_rank * (1 + RANK_TRANSIENT_FRACTION))
+
+    @property
+    def training(self) -> int:
+        return self.ranks * self.per_rank + AGENT_BYTES + self.launcher
+
+    @property
+    def need(self) -> int:
+        return max(self.training, self.export)
+
+    def parts(self) -> str:
+        transients = self.per_rank - RANK_RUNTIME_BYTES - self.plan_per_rank
+        text = (f"{self.ranks} rank(s) x {gib(self.per_rank)} ({gib(RANK_RUNTIME_BYTES)} per-process runtime: "
+                f"Python, torch, torchtitan + {gib(self.plan_per_rank)} plan + {gib(transients)} transients) + "
+                f"{gib(AGENT_BYTES)} torchrun agent + {gib(self.launcher)} this launcher = {gib(self.training)} "
+                "while training")
+        if self.export:
+            text += f"; then {gib(self.export)} in this launcher to verify the HF export (the model in float32)"
+        return text
+
+
+def host_memory(*, ranks: int, plan_bytes_per_rank: int, kernels_active: bool = False,
+                export_dtype_bytes: int = 0, total_params: int = 0) -> HostMemory:
+    """The parts of `HostMemory` for `ranks` CPU ranks of this plan. `kernels_active`: the launcher
+    imports torchtitan to match kernel overrides; `export_dtype_bytes` (0: no HF export): bytes per
+    parameter of the export the launcher verifies; `total_params`: the model's parameters."""
+    export = (LAUNCHER_TORCH_BYTES + (VERIFY_BYTES_PER_PARAM + export_dtype_bytes) * total_params
+              if export_dtype_bytes else 0)
+    return HostMemory(ranks, plan_bytes_per_rank, LAUNCHER_TORCH_BYTES if kernels_active else LAUNCHER_BYTES,
+                      export)
+
+
 def host_problems(facts: PlatformFacts, *, ranks: int, plan_bytes_per_rank: int | None, ranks_key: str,
-                  threads_given: bool) -> list[Problem]:
+                  threads_given: bool, kernels_active: bool = False, export_dtype_bytes: int = 0,
+                  total_params: int = 0) -> list[Problem]:
     """This host's memory and cores against the `ranks` CPU ranks it is about to start. `ranks_key`:
     the key ranks per node came from; `threads_given`: platform.threads_per_rank was set;
     `plan_bytes_per_rank` None: the plan does not fit its per-rank budget (already a problem), so
-    the host's memory is not checked again."""
+    the host's memory is not checked again; the rest: see `host_memory`."""
     problems: list[Problem] = []
     available = available_memory()
-    per_rank = RANK_RUNTIME_BYTES + (plan_bytes_per_rank or 0)
-    need = ranks * per_rank + NODE_RUNTIME_BYTES
-    if plan_bytes_per_rank is not None and available is not None and need > available:
-        fit = max(0, (available - NODE_RUNTIME_BYTES) // per_rank)
-        problems.append(Problem(
-            ranks_key, ranks,
-            f"{ranks} CPU ranks need about {gib(need)} of host memory ({ranks} x ({gib(RANK_RUNTIME_BYTES)} "
-            f"per-process runtime: Python, torch, torchtitan + {gib(plan_bytes_per_rank)} plan) + "
-            f"{gib(NODE_RUNTIME_BYTES)} shared libraries and torchrun agent), but this host has "
-            f"{gib(available)} available (MemAvailable in /proc/meminfo)",
-            f"at most {fit} rank(s) on this host" if fit else "fewer ranks, on a host with more free memory",
-            "run fewer ranks per node (launcher.nproc_per_node) and more nodes (launcher.nnodes), or free memory"))
+    if plan_bytes_per_rank is not None and available is not None:
+        mem = host_memory(ranks=ranks, plan_bytes_per_rank=plan_bytes_per_rank, kernels_active=kernels_active,
+                          export_dtype_bytes=export_dtype_bytes, total_params=total_params)
+        if mem.need > available:
+            fit = max(0, (available - AGENT_BYTES - mem.launcher) // mem.per_rank)
+            fit = fit if mem.export <= available else 0
+            problems.append(Problem(
+                ranks_key, ranks,
+                f"{ranks} CPU rank(s) need about {gib(mem.need)} of host memory ({mem.parts()}), but this host "
+                f"has {gib(available)} available (MemAvailable in /proc/meminfo)",
+                f"at most {fit} rank(s) on this host" if fit else "fewer ranks, on a host with more free memory",
+                "run fewer ranks per node (launcher.nproc_per_node) and more nodes (launcher.nnodes), or free "
+                "memory"))
     cores = facts.devices_per_node or 1
     threads = int(facts.env.get("QWEN3EXP_CPU_THREADS", "1"))
     if ranks * threads > OVERSUBSCRIPTION_LIMIT * cores:

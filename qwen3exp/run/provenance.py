@@ -49,12 +49,10 @@ SECRET_WORDS = frozenset({"TOKEN", "KEY", "APIKEY", "SECRET", "PASSWORD", "PASSW
 SECRET_SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "APIKEY")
 """... or when a word ends with one of these (HFTOKEN, DBPASSWORD: written without a separator).
 Only words that end no ordinary word are suffixes: KEY would match MONKEY and HOTKEY."""
-# Up to the last @ before the host: an unescaped @ in the password must not leave its tail behind.
-_URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)[^\s/?#]*@")
 # NAME=VALUE or NAME: VALUE inside a longer string ("export HF_TOKEN=abc", "{'api_key': 'abc'}",
-# "?token=abc&x=1", "Authorization: Bearer abc"); the value ends at a space or a delimiter.
+# "?token=abc&x=1", "Authorization: Bearer abc"); where the value ends: `_secret_end`.
 _ASSIGNMENT = re.compile(r"(?P<name>[A-Za-z_][\w.\-]*)(?P<sep>[\"']?\s*[=:]\s*)")
-_VALUE = re.compile(r"(?:(?:Bearer|Basic|Token)\s+)?(?:\"[^\"]*\"|'[^']*'|[^\s,;&\"'\[\]{}()]+)", re.IGNORECASE)
+_QUOTED = re.compile(r"(?:(?:Bearer|Basic|Token)\s+)?(?:\"[^\"]*\"|'[^']*')", re.IGNORECASE)
 
 
 @dataclass
@@ -91,19 +89,40 @@ def is_secret_name(name: str) -> bool:
 
 
 def redact_text(text: str) -> str:
-    """`text` with URL credentials (`scheme://user:pw@host` -> `scheme://***@host`) and the value of
-    every `NAME=value` / `NAME: value` whose NAME looks like a secret replaced by `***`."""
-    text = _URL_USERINFO.sub(lambda m: m["scheme"] + REDACTED + "@", text)
+    """`text` with URL credentials (`scheme://user:pw@host` -> `scheme://***@host`, also as Hydra
+    records an override: `https\\://user\\:pw@host`) and the value of every `NAME=value` /
+    `NAME: value` whose NAME looks like a secret replaced by `***`. An unquoted secret value runs to
+    the end of the line (a value with spaces or commas, `HF_TOKEN: a b,c` in a YAML record), or to
+    `&` / `;` (a URL's query, a shell line), a quote (the string it is in) or, inside `{...}` /
+    `[...]`, the next `,`."""
+    from qwen3exp.config.credentials import mask_urls
+
+    text = mask_urls(text)
     out, pos = [], 0
     while (m := _ASSIGNMENT.search(text, pos)) is not None:
         out.append(text[pos:m.end()])
         pos = m.end()
         # A name that is no secret is skipped by itself only: its value may hold NAME=value.
-        if is_secret_name(m["name"]) and (v := _VALUE.match(text, pos)) is not None and v.end() > pos:
+        if is_secret_name(m["name"]) and (end := _secret_end(text, pos)) > pos:
             out.append(REDACTED)
-            pos = v.end()
+            pos = end
     out.append(text[pos:])
     return "".join(out)
+
+
+def _secret_end(text: str, pos: int) -> int:
+    """Where the secret value that starts at `pos` ends (see `redact_text`)."""
+    if (quoted := _QUOTED.match(text, pos)) is not None:
+        return quoted.end()
+    line = text[text.rfind("\n", 0, pos) + 1:pos]
+    flow = line.count("{") + line.count("[") > line.count("}") + line.count("]")
+    stops = "\n&;\"'" + (",}]" if flow else "")  # a quote: the end of the string the value is in
+    end = pos
+    while end < len(text) and text[end] not in stops:
+        end += 1
+    while end > pos and text[end - 1] in " \t\r":  # keep the layout after the value
+        end -= 1
+    return end
 
 
 def redact_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
