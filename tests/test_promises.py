@@ -144,3 +144,14 @@ def test_api_run_refuses_a_mistake_with_refused(fresh):
     with pytest.raises(api.Refused, match="training.stepz"):
         api.run(["training.stepz=3"])
     assert not (fresh / "outputs").exists()
+
+
+def test_a_job_that_would_change_directory_is_refused(fresh, capfd):
+    """hydra.job.chdir=true would run the job in its run directory, where the relative data.path the
+    plan checked names another file (the ranks failed reading it)."""
+    (fresh / "data.jsonl").write_text('{"text": "a b"}\n{"text": "c d"}\n{"text": "e f"}\n')
+    code = _main("data=local", "data.path=data.jsonl", "hydra.job.chdir=true", "hydra.run.dir=outputs/run",
+                 "dry_run=true")
+    err = capfd.readouterr().err
+    assert code == 2 and "  hydra.job.chdir = True: would run each job inside its run directory" in err, err
+    assert not (fresh / "outputs").exists()

@@ -84,6 +84,14 @@ def placement_problems(cfg, *, multirun: bool) -> list[Problem]:
         if not _inside(record, root):
             problems.append(_outside("hydra.output_subdir", subdir, "Hydra's record (.hydra/config.yaml, ...)",
                                      record, root))
+    if _resolved(cfg, "hydra.job.chdir") == "True":
+        # The plan reads every relative path (data.path, model folders) from the directory the
+        # command runs in; a job that changed into its run directory would read others in the ranks.
+        problems.append(Problem("hydra.job.chdir", True, "would run each job inside its run directory, where the "
+                                "relative paths the plan checked (data.path, model.hf_assets_path, ...) name "
+                                "other files", "false (qwen3exp's jobs run in the directory you launch from)",
+                                "drop hydra.job.chdir=true (a path inside the run directory: "
+                                "${hydra:runtime.output_dir}/...)"))
     # A bad job name also misplaces the log file named after it: report the cause once.
     bad_name = any(p.key == "hydra.job.name" for p in problems)
     return problems + [p for p in _log_file_problems(cfg, job, root) if not (bad_name and str(name) in str(p.value))]
