@@ -155,3 +155,13 @@ def test_a_job_that_would_change_directory_is_refused(fresh, capfd):
     err = capfd.readouterr().err
     assert code == 2 and "  hydra.job.chdir = True: would run each job inside its run directory" in err, err
     assert not (fresh / "outputs").exists()
+
+
+def test_a_sweep_over_hydra_settings_is_refused_before_anything(fresh, capfd):
+    """Hydra's sweeper refuses to sweep its own settings only after the sweep directory exists
+    (exit 1); qwen3exp refuses it first, naming the key."""
+    code = _main("-m", "training.seed=1,2", "hydra.job.name=a,../../evil", "hydra.sweep.dir=outputs/sweep",
+                 "dry_run=true")
+    err = capfd.readouterr().err
+    assert code == 2 and "  hydra.job.name = 'a,../../evil': is a sweep over Hydra's own settings" in err, err
+    assert not (fresh / "outputs").exists()

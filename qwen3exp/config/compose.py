@@ -470,6 +470,12 @@ def precheck(inv: Invocation) -> Master:
         cli_keys = {o.key_or_group for o in parsed}  # the command line's value for a key wins
         file_sweeps = [o for o in parse_overrides(params, config_loader=c.loader) if o.key_or_group not in cli_keys]
         swept = [o for o in [*file_sweeps, *cli_sweeps] if o.is_sweep_override()]
+        if hydra_swept := [o for o in swept if o.key_or_group.split("@")[0].lstrip("+~").startswith("hydra.")]:
+            # Hydra's sweepers refuse it too, but only after the sweep directory exists (exit 1).
+            raise ConfigError([Problem(o.key_or_group, o.input_line.split("=", 1)[1],
+                                       "is a sweep over Hydra's own settings, which Hydra does not support",
+                                       "one value for every hydra.* key of a sweep",
+                                       "run one sweep per value") for o in hydra_swept])
         if sweeper == BASIC_SWEEPER and (search := [o for o in swept if sweeps.sweep_size(o) is None]):
             raise ConfigError([Problem(o.key_or_group, o.input_line.split("=", 1)[1],
                                        f"{SEARCH_ONLY}; Hydra's basic sweeper (the default) cannot expand it",
