@@ -80,6 +80,9 @@ class CheckpointVerdict:
     compatible: bool | None
     """True / False, or None when there is nothing to load."""
     detail: str
+    allowed: str | None = None
+    """What would be accepted, when compatible is False (default: a checkpoint of this architecture)."""
+    hint: str | None = None
 
 
 @dataclass
@@ -248,7 +251,7 @@ def kernel_claims(exp: Experiment, facts, claims_of: ClaimsOf | None) -> list[di
 def checkpoint_verdict(exp: Experiment, files, run_dir: Path) -> CheckpointVerdict:
     """What is loaded and saved, and whether what is loaded fits the model (compatible=False is an
     error). `files`: the checked `model_files.ModelFiles` (weights headers and shapes already match)."""
-    from qwen3exp.run import rundir
+    from qwen3exp.run import rundir, signing
     c = exp.checkpoint
     match c.kind:
         case "none":
@@ -260,6 +263,14 @@ def checkpoint_verdict(exp: Experiment, files, run_dir: Path) -> CheckpointVerdi
                      f"{c.keep_latest_k or 'all'}")
             if step is None:
                 return CheckpointVerdict(None, f"checkpoint=dcp: starts fresh; {saves}")
+            if (unsigned := signing.problem(run_dir / rundir.CHECKPOINT / f"step-{step}")) is not None:
+                # A DCP checkpoint is read with pickle: only one qwen3exp wrote (and signed) resumes.
+                return CheckpointVerdict(False, f"checkpoint=dcp would resume from {run_dir}/checkpoint/step-{step}, "
+                                                f"but {unsigned}: qwen3exp resumes only checkpoints it wrote under "
+                                                "this user's key (loading one runs pickled code)",
+                                         "a checkpoint this user's qwen3exp wrote (see qwen3exp/run/signing.py)",
+                                         f"if you trust it: delete {run_dir}/checkpoint/step-{step} to resume from an "
+                                         "earlier step, or start anew in a new directory")
             return CheckpointVerdict(True, f"checkpoint=dcp: resumes from {run_dir}/checkpoint/step-{step} "
                                            f"(identical experiment); {saves}")
         case "hf_load" | "hf_roundtrip":
@@ -384,7 +395,8 @@ def make_plan(exp: Experiment, run_dir: str | Path, *, overrides: list[str] | tu
             problems.append(problem)
     verdict = checkpoint_verdict(exp, files, Path(run_dir))
     if verdict.compatible is False:
-        problems.append(Problem("checkpoint", exp.checkpoint.kind, verdict.detail, "a checkpoint of this architecture"))
+        problems.append(Problem("checkpoint", exp.checkpoint.kind, verdict.detail,
+                                verdict.allowed or "a checkpoint of this architecture", verdict.hint))
     if problems:
         raise ConfigError(problems)
     assert files is not None  # arch is files.arch

@@ -8,8 +8,11 @@ from __future__ import annotations
 import re
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 from torchtitan.components.checkpoint import CheckpointManager
+
+from qwen3exp.run import signing
 
 # What torch says when `LambdaLR.get_lr()` is called outside `step()` (torch/optim/lr_scheduler.py).
 _GET_LR_OUTSIDE_STEP = re.escape("To get the last learning rate computed by the scheduler")
@@ -22,6 +25,14 @@ class KeepLatestCheckpointManager(CheckpointManager):
 
     def _save(self, curr_step: int, last_step: bool = False) -> bool:
         saved = super()._save(curr_step, last_step)
+        if saved:
+            # Each rank signs the files it wrote (qwen3exp.run.signing): a later launch resumes only
+            # from a checkpoint qwen3exp wrote, never from pickles somebody put into the folder.
+            import torch.distributed as dist
+
+            step_dir = Path(self._create_checkpoint_id(curr_step))
+            if (step_dir / ".metadata").is_file():  # a DCP checkpoint (an HF export has none: not resumed)
+                signing.sign(step_dir, dist.get_rank() if dist.is_initialized() else 0)
         if saved and last_step:
             # UPSTREAM BUG: torchtitan 0.3.0's `CheckpointManager._save` returns right after the
             # last-step save (`_save_last_step`) and purges only after interval saves, so a run
