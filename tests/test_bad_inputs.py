@@ -187,11 +187,11 @@ CASES = [
     Case("pp_more_stages_than_layers", ("model.flavor=tiny_moe", "launcher.nproc_per_node=8", "parallelism.pp=8"),
          "parallelism.pp", "1..4", ("layers + embedding + output",)),
     # this host: memory for the ranks' processes, cores for their threads
-    Case("cpu_ranks_exceed_host_memory", ("platform=cpu", "launcher.nproc_per_node=4096",
+    Case("cpu_ranks_exceed_host_memory", ("platform=cpu", "launcher.nproc_per_node=1000",
                                           "platform.memory_per_rank_gib=1", "training.local_batch_size=1"),
          "launcher.nproc_per_node", "rank(s) on this host", ("per-process runtime", "MemAvailable")),
     Case("cpu_threads_oversubscribed",
-         ("platform=cpu", "launcher.nproc_per_node=1", "platform.threads_per_rank=100000"),
+         ("platform=cpu", "launcher.nproc_per_node=1", "platform.threads_per_rank=1000"),
          "platform.threads_per_rank", "ranks x threads per rank at most", ("threads per core",)),
 ]
 

@@ -289,7 +289,7 @@ class Composer:
         try:
             return compose(config_name=self.config_name, overrides=overrides, return_hydra_config=True)
         except yaml.YAMLError as e:
-            raise ConfigError([yaml_problem(e)], context=context) from None
+            raise ConfigError([sources.yaml_problem(e)], context=context) from None
         except OmegaConfBaseException as e:
             raise ConfigError([omegaconf_problem(e)], context=context) from None
         except (HydraException, ValueError, TypeError) as e:
@@ -553,7 +553,7 @@ def composition_problems(e: Exception, overrides: list[str], base) -> list[Probl
 
     cause = e.__cause__ if isinstance(e.__cause__, (yaml.YAMLError, OmegaConfBaseException)) else e
     if isinstance(cause, yaml.YAMLError):
-        return [yaml_problem(cause)]
+        return [sources.yaml_problem(cause)]
     if isinstance(cause, OmegaConfBaseException) and not str(cause).startswith("Could not override"):
         return [omegaconf_problem(cause)]
     try:
@@ -677,20 +677,6 @@ def _raw_value(e: Exception):
         return node._value() if node is not None else MISSING
     except Exception:
         return MISSING
-
-
-def yaml_problem(e: Exception) -> Problem:
-    """A YAML syntax error in a config file: the file, line and column."""
-    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-    where = f"{mark.name}" if mark is not None else "(a config file)"
-    line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    what = getattr(e, "problem", None) or str(e).strip().splitlines()[0]
-    context, cm = getattr(e, "context", None), getattr(e, "context_mark", None)
-    if context and cm is not None and mark is not None and cm.line != mark.line:
-        what += f" ({context} at line {cm.line + 1}, column {cm.column + 1})"
-    return Problem("(config file)", where, f"YAML syntax error{line}: {what}",
-                   "valid YAML (key: value, indented with spaces; [ ] and { } closed)",
-                   source=f"{where}{line}")
 
 
 def _describe(key: str) -> str | None:

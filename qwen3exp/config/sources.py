@@ -169,11 +169,7 @@ def _file_problem(path: Path) -> Problem | None:
     try:
         values = _expanded_values(text)
     except yaml.YAMLError as e:  # Hydra would stop with the parser's traceback
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        what = getattr(e, "problem", None) or str(e).splitlines()[0]
-        return Problem("(config file)", str(path), f"is not valid YAML: {what}{where}",
-                       "a YAML file (key: value lines, closed brackets and quotes)", source=str(path))
+        return yaml_problem(e, str(path))
     if values > MAX_VALUES:
         what = "more than" if values == MAX_VALUES + 1 else f"{values:,},"
         return Problem("(config file)", str(path), f"expands to {what} {MAX_VALUES:,} values through its YAML "
@@ -269,3 +265,18 @@ def headless_problem(choice: str, where: str, package: str | None, nested: list[
                    "instead of the top level (and its `override /group:` lines fail)",
                    "experiment files whose first line is # @package _global_",
                    "add '# @package _global_' as the file's first line", source=where)
+
+
+def yaml_problem(e: Exception, where: str | None = None) -> Problem:
+    """A YAML syntax error in a config file: the file (`where`, else the parser's name for it), line
+    and column."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    where = where or (f"{mark.name}" if mark is not None else "(a config file)")
+    line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    what = getattr(e, "problem", None) or str(e).strip().splitlines()[0]
+    context, cm = getattr(e, "context", None), getattr(e, "context_mark", None)
+    if context and cm is not None and mark is not None and cm.line != mark.line:
+        what += f" ({context} at line {cm.line + 1}, column {cm.column + 1})"
+    return Problem("(config file)", where, f"YAML syntax error{line}: {what}",
+                   "valid YAML (key: value, indented with spaces; [ ] and { } closed)",
+                   source=f"{where}{line}")
