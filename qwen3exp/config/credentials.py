@@ -16,9 +16,11 @@ from typing import Any
 
 from qwen3exp.errors import Problem
 
-URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*\\?://)[^\s/?#]*@")
+URL_USERINFO = re.compile(r"(?P<scheme>(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]*+\\?://)[^\s/?#]*@")
 """`scheme://user:pw@`, also as Hydra records an override (`https\\://user\\:pw@`); up to the last @
-before the host: an unescaped @ in the password must not leave its tail behind."""
+before the host: an unescaped @ in the password must not leave its tail behind. The scheme starts
+where no scheme character precedes it and is taken whole (possessive): otherwise a long run of
+letters cost the search quadratic time."""
 MASK = "***"
 
 

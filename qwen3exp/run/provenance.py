@@ -51,7 +51,9 @@ SECRET_SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "APIKEY")
 Only words that end no ordinary word are suffixes: KEY would match MONKEY and HOTKEY."""
 # NAME=VALUE or NAME: VALUE inside a longer string ("export HF_TOKEN=abc", "{'api_key': 'abc'}",
 # "?token=abc&x=1", "Authorization: Bearer abc"); where the value ends: `_secret_end`.
-_ASSIGNMENT = re.compile(r"(?P<name>[A-Za-z_][\w.\-]*)(?P<sep>[\"']?\s*[=:]\s*)")
+_ASSIGNMENT = re.compile(r"(?<![\w.\-])(?P<name>[A-Za-z_][\w.\-]*+)(?P<sep>[\"']?\s*[=:]\s*)")
+"""A name starts where no name character precedes it and is taken whole (possessive): otherwise a
+long run of letters (a 100,000-character value) cost the search quadratic time (minutes)."""
 _QUOTED = re.compile(r"(?:(?:Bearer|Basic|Token)\s+)?(?:\"[^\"]*\"|'[^']*')", re.IGNORECASE)
 
 
