@@ -36,7 +36,7 @@ def _interrupt_after_first_checkpoint(run_dir: Path, log: Path, timeout: float =
                                 env=_env(), stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + timeout
     try:
-        while not (run_dir / "checkpoint" / "step-2" / ".metadata").is_file():
+        while rundir.latest_checkpoint_step(run_dir) is None:  # step-2 saved and signed by every rank
             assert proc.poll() is None, "the run ended before its first checkpoint"
             assert time.monotonic() < deadline, "no checkpoint within the timeout"
             time.sleep(0.02)
@@ -48,8 +48,9 @@ def _interrupt_after_first_checkpoint(run_dir: Path, log: Path, timeout: float =
 
 
 def _checkpoints(run_dir: Path) -> list[int]:
-    return sorted(int(p.name.split("-")[1]) for p in (run_dir / "checkpoint").glob("step-*")
-                  if (p / ".metadata").is_file())
+    """The checkpoints a resume may load: complete and signed by every rank."""
+    latest = rundir.latest_checkpoint_step(run_dir)
+    return [s for s in rundir.complete_checkpoint_steps(run_dir) if latest is not None and s <= latest]
 
 
 def _env() -> dict:

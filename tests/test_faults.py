@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CONF, read_metrics, read_summary, run_cli
-from qwen3exp.run import agent
+from qwen3exp.run import agent, rundir
 from runprocs import TINY, assert_no_survivors, kill_leftovers, metric_rows, start_cli, wait_for
 
 slow = pytest.mark.slow
@@ -140,7 +140,7 @@ def test_sigkill_of_the_launcher_then_a_relaunch_resumes(run_dir, tmp_path, refe
     # Rank 1 hangs at step 5, so the kill lands after checkpoint step-4 and before step 5.
     proc = start_cli(*args, f"hydra.run.dir={run_dir}", log=tmp_path / "log",
                      QWEN3EXP_FAULT_HANG_AT_STEP="5", QWEN3EXP_FAULT_RANK="1")
-    ready = (lambda: (run_dir / "checkpoint" / "step-4" / ".metadata").is_file()) if DCP \
+    ready = (lambda: rundir.latest_checkpoint_step(run_dir) == 4) if DCP \
         else (lambda: metric_rows(run_dir) >= 4)
     wait_for(ready, proc=proc, what="checkpoint step 4" if DCP else "four training steps")
     proc.send_signal(signal.SIGKILL)
@@ -202,7 +202,7 @@ def test_a_disk_that_fills_during_training_still_gets_its_summary(small_disk, tm
     run_dir = small_disk / "run"
     proc = start_cli(*LONG, "launcher.nproc_per_node=1", "validation.enable=false", "checkpoint=dcp",
                      "checkpoint.interval=1", f"hydra.run.dir={run_dir}", log=tmp_path / "log")
-    wait_for(lambda: (run_dir / "checkpoint" / "step-1" / ".metadata").is_file(), proc=proc, what="checkpoint step-1")
+    wait_for(lambda: rundir.latest_checkpoint_step(run_dir) is not None, proc=proc, what="checkpoint step-1")
     _fill(small_disk)
     code = proc.wait(timeout=120)
     out = (tmp_path / "log").read_text()

@@ -33,11 +33,12 @@ def _step(folder: Path) -> Path:
 
 def test_signed_by_each_rank_and_verified(tmp_path, own_key, monkeypatch):
     step = _step(tmp_path / "checkpoint" / "step-3")
-    assert "no qwen3exp signature" in signing.problem(step)
-    signing.sign(step, 0)
-    assert "__1_0.distcp, which no qwen3exp signature lists" in signing.problem(step)
-    signing.sign(step, 1)
-    assert signing.problem(step) is None
+    assert "no qwen3exp signature" in signing.problem(step) and not signing.has_signature(step)
+    signing.sign(step, 0, 2)
+    assert not signing.has_signature(step)  # a stop before rank 1 signed: never loaded
+    assert "not signed by every rank that saved it" in signing.problem(step)
+    signing.sign(step, 1, 2)
+    assert signing.problem(step) is None and signing.has_signature(step)
     assert own_key.stat().st_mode & 0o777 == 0o600
     (step / ".metadata").write_bytes(b"the index, replaced")
     assert signing.problem(step) == "step-3/.metadata changed since qwen3exp wrote it"
@@ -47,7 +48,7 @@ def test_signed_by_each_rank_and_verified(tmp_path, own_key, monkeypatch):
     (step / "__2_0.distcp").unlink()
     (step / "__1_0.distcp").unlink()
     assert "__1_0.distcp, which its signature lists, is missing" in signing.problem(step)
-    signing.sign(step, 1)
+    (step / "__1_0.distcp").write_bytes(b"rank 1's shard")
     monkeypatch.setenv(signing.KEY_ENV, str(tmp_path / "keys" / "another.key"))
     signing.key(create=True)
     assert "is not signed with this user's key" in signing.problem(step)

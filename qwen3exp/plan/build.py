@@ -251,28 +251,13 @@ def kernel_claims(exp: Experiment, facts, claims_of: ClaimsOf | None) -> list[di
 def checkpoint_verdict(exp: Experiment, files, run_dir: Path) -> CheckpointVerdict:
     """What is loaded and saved, and whether what is loaded fits the model (compatible=False is an
     error). `files`: the checked `model_files.ModelFiles` (weights headers and shapes already match)."""
-    from qwen3exp.run import rundir, signing
     c = exp.checkpoint
     match c.kind:
         case "none":
             return CheckpointVerdict(None, "checkpoint=none: nothing is loaded (random initialisation), "
                                            "nothing is saved")
         case "dcp":
-            step = rundir.latest_checkpoint_step(run_dir)
-            saves = (f"saves checkpoint/step-N every {c.interval} steps and at the last step, keeps "
-                     f"{c.keep_latest_k or 'all'}")
-            if step is None:
-                return CheckpointVerdict(None, f"checkpoint=dcp: starts fresh; {saves}")
-            if (unsigned := signing.problem(run_dir / rundir.CHECKPOINT / f"step-{step}")) is not None:
-                # A DCP checkpoint is read with pickle: only one qwen3exp wrote (and signed) resumes.
-                return CheckpointVerdict(False, f"checkpoint=dcp would resume from {run_dir}/checkpoint/step-{step}, "
-                                                f"but {unsigned}: qwen3exp resumes only checkpoints it wrote under "
-                                                "this user's key (loading one runs pickled code)",
-                                         "a checkpoint this user's qwen3exp wrote (see qwen3exp/run/signing.py)",
-                                         f"if you trust it: delete {run_dir}/checkpoint/step-{step} to resume from an "
-                                         "earlier step, or start anew in a new directory")
-            return CheckpointVerdict(True, f"checkpoint=dcp: resumes from {run_dir}/checkpoint/step-{step} "
-                                           f"(identical experiment); {saves}")
+            return _dcp_verdict(c, run_dir)
         case "hf_load" | "hf_roundtrip":
             export = f"; exports the last step ({c.dtype}) and reloads it" if c.kind == "hf_roundtrip" else ""
             return CheckpointVerdict(True, f"checkpoint={c.kind}: loads {files.weights} at step 0: every tensor "
@@ -281,6 +266,38 @@ def checkpoint_verdict(exp: Experiment, files, run_dir: Path) -> CheckpointVerdi
             return CheckpointVerdict(None, f"checkpoint=hf_export: nothing is loaded; exports the last step "
                                            f"({c.dtype}) as a Hugging Face folder and reloads it")
     return CheckpointVerdict(None, f"checkpoint={c.kind}: not checked")
+
+
+def _dcp_verdict(c, run_dir: Path) -> CheckpointVerdict:
+    """checkpoint=dcp: start fresh, or resume from the newest checkpoint its ranks signed, after
+    checking every file of it (`qwen3exp.run.signing`: DCP reads checkpoints with pickle). A newer
+    checkpoint without a signature is skipped (a stop between its save and its signature) and said
+    so; a signature that does not check, or checkpoints none of which is signed, refuse the launch."""
+    from qwen3exp.run import rundir, signing
+
+    saves = f"saves checkpoint/step-N every {c.interval} steps and at the last step, keeps {c.keep_latest_k or 'all'}"
+    step = rundir.latest_checkpoint_step(run_dir)
+    skipped = [s for s in rundir.complete_checkpoint_steps(run_dir) if step is None or s > step]
+    folder = run_dir / rundir.CHECKPOINT
+    if step is not None and (problem := signing.problem(folder / f"step-{step}")) is not None:
+        return _unsigned(run_dir, step, problem)
+    if step is None and skipped:
+        return _unsigned(run_dir, skipped[-1], f"step-{skipped[-1]} carries no qwen3exp signature")
+    if step is None:
+        return CheckpointVerdict(None, f"checkpoint=dcp: starts fresh; {saves}")
+    note = (f" (step-{', step-'.join(map(str, skipped))} carries no signature: a stop came between its save and "
+            "its signature, or qwen3exp did not write it; never loaded)" if skipped else "")
+    return CheckpointVerdict(True, f"checkpoint=dcp: resumes from {folder}/step-{step}{note} (identical "
+                                   f"experiment); {saves}")
+
+
+def _unsigned(run_dir: Path, step: int, problem: str) -> CheckpointVerdict:
+    where = run_dir / "checkpoint" / f"step-{step}"
+    return CheckpointVerdict(False, f"checkpoint=dcp would resume from {where}, but {problem}: qwen3exp resumes "
+                                    "only checkpoints it wrote under this user's key (loading one runs pickled code)",
+                             "a checkpoint this user's qwen3exp wrote (see qwen3exp/run/signing.py)",
+                             f"if you trust it: delete {where} to resume from an earlier step, or start anew in a "
+                             "new directory")
 
 
 # ------------------------------------------------------------------------------ checks

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from qwen3exp.run import records
+from qwen3exp.run import records, signing
 
 EXPERIMENT = "experiment.yaml"
 PLATFORM = "platform.json"
@@ -168,13 +168,21 @@ def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def complete_checkpoint_steps(run_dir: Path) -> list[int]:
+    """Every complete DCP checkpoint `checkpoint/step-N` (with .metadata), oldest first: what
+    torchtitan would resume from by itself (the newest). DCP writes `.metadata` last (temporary
+    name, fsync, rename), so a save cut short by a kill is never taken for a checkpoint."""
+    return sorted(int(m.group(1)) for p in (run_dir / CHECKPOINT).glob("step-*")
+                  if (m := re.fullmatch(r"step-(\d+)", p.name)) and (p / ".metadata").is_file())
+
+
 def latest_checkpoint_step(run_dir: Path) -> int | None:
-    """The newest complete DCP checkpoint `checkpoint/step-N` (with .metadata), as torchtitan
-    resumes from it; None when there is none. DCP writes `.metadata` last (temporary name, fsync,
-    rename), so a save cut short by a kill is never taken for a checkpoint."""
-    steps = [int(m.group(1)) for p in (run_dir / CHECKPOINT).glob("step-*")
-             if (m := re.fullmatch(r"step-(\d+)", p.name)) and (p / ".metadata").is_file()]
-    return max(steps) if steps else None
+    """The newest complete checkpoint that its ranks signed (`qwen3exp.run.signing`): the one a
+    resume loads (torchtitan is told its step); None when there is none. A newer one without a
+    signature (a stop between its save and its signature, or not qwen3exp's) is never loaded."""
+    folder = run_dir / CHECKPOINT
+    signed = [s for s in complete_checkpoint_steps(run_dir) if signing.has_signature(folder / f"step-{s}")]
+    return signed[-1] if signed else None
 
 
 def truncate_metrics(run_dir: Path, last_step: int) -> None:

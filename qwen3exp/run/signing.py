@@ -67,8 +67,8 @@ def _digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def _mac(secret: bytes, step: str, files: dict) -> str:
-    body = json.dumps({"step": step, "files": files}, sort_keys=True, separators=(",", ":"))
+def _mac(secret: bytes, step: str, files: dict, world: int) -> str:
+    body = json.dumps({"step": step, "files": files, "world": world}, sort_keys=True, separators=(",", ":"))
     return hmac.new(secret, body.encode(), hashlib.sha256).hexdigest()
 
 
@@ -80,10 +80,11 @@ def own_files(step_dir: Path, rank: int) -> list[Path]:
     return sorted(names)
 
 
-def sign(step_dir: Path, rank: int) -> None:
-    """Sign the files `rank` wrote into `step_dir` (called by each rank right after a save)."""
+def sign(step_dir: Path, rank: int, world: int) -> None:
+    """Sign the files `rank` (of `world` ranks) wrote into `step_dir` (each rank, right after a save)."""
     files = {p.name: [p.stat().st_size, _digest(p)] for p in own_files(step_dir, rank)}
-    record = {"step": step_dir.name, "files": files, "mac": _mac(key(create=True) or b"", step_dir.name, files)}
+    record = {"step": step_dir.name, "files": files, "world": world,
+              "mac": _mac(key(create=True) or b"", step_dir.name, files, world)}
     target = step_dir / SIGNED.format(rank=rank)
     tmp = target.with_name(target.name + ".tmp")
     tmp.write_text(json.dumps(record))
@@ -99,19 +100,23 @@ def problem(step_dir: Path) -> str | None:
     secret = key(create=False)
     if secret is None:
         return f"{step_dir.name} is signed, but this user has no key to check it with (none at {key_path()})"
+    worlds = set()
     for sig in signatures:
         try:
             if sig.stat().st_size > 16 << 20 or not sig.is_file():
                 return f"{step_dir.name}/{sig.name} is not a signature file"
             record = json.loads(sig.read_text())
-            files, mac = record["files"], record["mac"]
-            valid = isinstance(files, dict) and isinstance(mac, str) and hmac.compare_digest(
-                mac, _mac(secret, step_dir.name, files))
+            files, mac, world = record["files"], record["mac"], record["world"]
+            valid = isinstance(files, dict) and isinstance(mac, str) and isinstance(world, int) and hmac.compare_digest(
+                mac, _mac(secret, step_dir.name, files, world))
         except (OSError, ValueError, KeyError, TypeError):
             valid = False
         if not valid:
             return f"{step_dir.name}/{sig.name} is not signed with this user's key"
+        worlds.add(world)
         listed.update(files)
+    if len(worlds) != 1 or {p.name for p in signatures} != {SIGNED.format(rank=r) for r in range(worlds.pop())}:
+        return f"{step_dir.name} is not signed by every rank that saved it"
     present = {p.name for p in step_dir.iterdir() if not p.name.startswith(_SIGNED_PREFIX)}
     if extra := sorted(present - set(listed)):
         return f"{step_dir.name} holds {extra[0]}, which no qwen3exp signature lists"
@@ -122,6 +127,25 @@ def problem(step_dir: Path) -> str | None:
         if path.stat().st_size != size or _digest(path) != digest:
             return f"{step_dir.name}/{name} changed since qwen3exp wrote it"
     return None
+
+
+MAX_WORLD = 1 << 20
+
+
+def has_signature(step_dir: Path) -> bool:
+    """Whether every rank that saved this checkpoint signed it: rank 0's signature names the world
+    size, and a signature file of each rank is there (cheap: the signatures are checked by
+    `problem`). A stop between a save and its last signature leaves a folder this says False of."""
+    try:
+        first = step_dir / SIGNED.format(rank=0)
+        if not first.is_file() or first.stat().st_size > 16 << 20:
+            return False
+        world = json.loads(first.read_text()).get("world")
+    except (OSError, ValueError, AttributeError):
+        return False
+    if isinstance(world, bool) or not isinstance(world, int) or not 0 < world <= MAX_WORLD:
+        return False
+    return all((step_dir / SIGNED.format(rank=r)).is_file() for r in range(world))
 
 
 def _is_signature(name: str) -> bool:

@@ -32,7 +32,8 @@ class KeepLatestCheckpointManager(CheckpointManager):
 
             step_dir = Path(self._create_checkpoint_id(curr_step))
             if (step_dir / ".metadata").is_file():  # a DCP checkpoint (an HF export has none: not resumed)
-                signing.sign(step_dir, dist.get_rank() if dist.is_initialized() else 0)
+                ranks = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+                signing.sign(step_dir, *ranks)
         if saved and last_step:
             # UPSTREAM BUG: torchtitan 0.3.0's `CheckpointManager._save` returns right after the
             # last-step save (`_save_last_step`) and purges only after interval saves, so a run

@@ -196,7 +196,7 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
             # The Transformers backend accepts nothing else (it is torchtitan's default as well).
             spmd_backend="spmd_types",
         ),
-        checkpoint=checkpoint_config(exp),
+        checkpoint=checkpoint_config(exp, Path(run_dir)),
         activation_checkpoint=ac,
         compile=CompileConfig(enable=t.compile, backend=facts.compile_backend),
         comm=(CommConfig(init_timeout_seconds=facts.comm_init_timeout_s) if facts.comm_init_timeout_s
@@ -229,9 +229,11 @@ def validator_config(exp: Experiment, data: Path, text_field: str):
             dataset_path=str(path), infinite=True))
 
 
-def checkpoint_config(exp: Experiment):
+def checkpoint_config(exp: Experiment, run_dir: Path):
     """torchtitan's checkpoint manager config for the experiment's checkpoint kind (qwen3exp's
-    subclass: `keep_latest_k` keeps exactly k, a resume is quiet)."""
+    subclass: `keep_latest_k` keeps exactly k, a resume is quiet, each save is signed). A dcp resume
+    loads the newest checkpoint its ranks signed (`rundir.latest_checkpoint_step`, checked by the
+    plan), named by its step: torchtitan by itself would load the newest one, signed or not."""
     from qwen3exp.run import rundir
     from qwen3exp.titan.checkpointing import KeepLatestCheckpointManager as CheckpointManager
     c, folder = exp.checkpoint, rundir.CHECKPOINT
@@ -245,8 +247,10 @@ def checkpoint_config(exp: Experiment):
             return CheckpointManager.Config(enable=False, folder=folder)
         case "dcp":
             # The last step is a full checkpoint too (optimizer, data position), so it resumes.
+            step = rundir.latest_checkpoint_step(run_dir)
             return CheckpointManager.Config(enable=True, folder=folder, interval=c.interval,
-                                            keep_latest_k=c.keep_latest_k, last_save_model_only=False)
+                                            keep_latest_k=c.keep_latest_k, last_save_model_only=False,
+                                            load_step=-1 if step is None else step)
         case "hf_load":
             return CheckpointManager.Config(enable=True, folder=folder, load_only=True, **load)
         case "hf_export":
