@@ -95,9 +95,19 @@ print("ok")
 def test_fsdp_over_gloo_needs_sum_reductions(mode, tmp_path):
     script = tmp_path / "fsdp_gloo.py"
     script.write_text(FSDP_GLOO)
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                        "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", str(script), mode],
-                       capture_output=True, text=True, timeout=300)
+    def once():
+        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                               "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", str(script), mode],
+                              capture_output=True, text=True, timeout=300)
+
+    r = once()
+    for _ in range(2):
+        if not (mode == "sum" and r.returncode != 0 and ("SIGABRT" in r.stderr or "exitcode: -6" in r.stderr)):
+            break
+        # A rank of this bare torch script (no qwen3exp code) sometimes aborts (SIGABRT, in gloo) on
+        # 2 loaded cores after other tests; the claim under test is about the reduction op, which a
+        # PREMUL_SUM failure shows as a Python error, not an abort: an abort is run again.
+        r = once()
     if mode == "default":
         assert r.returncode != 0 and "PREMUL_SUM" in r.stdout + r.stderr
     else:
@@ -136,8 +146,8 @@ def test_host_memory_refusal_names_every_part(monkeypatch):
         assert part in p.message, (part, p.message)
     assert "verify the HF export" not in p.message
     # An HF export is verified in this launcher after the ranks have exited: the larger phase counts.
-    (p,) = _host_figure(monkeypatch, 2 * GIB, plan_bytes_per_rank=MIB, export_dtype_bytes=2, total_params=300_000_000)
-    need = cpu.LAUNCHER_TORCH_BYTES + 6 * 300_000_000
+    (p,) = _host_figure(monkeypatch, 2 * GIB, plan_bytes_per_rank=MIB, export_dtype_bytes=2, total_params=600_000_000)
+    need = cpu.LAUNCHER_TORCH_BYTES + 6 * 600_000_000
     assert f"need about {gib(need)}" in p.message and f"then {gib(need)} in this launcher to verify" in p.message
     assert p.allowed == "fewer ranks, on a host with more free memory"  # fewer ranks would not help
     # Kernel overrides: the launcher imports torchtitan to match them and holds it while the ranks run.
@@ -192,8 +202,9 @@ def _rss(pid: int) -> int:
 @pytest.mark.slow
 def test_host_memory_figure_matches_a_real_tiny_run(tmp_path):
     """The check's figure for the tiny run on 2 ranks against the most resident memory its processes
-    (launcher, torchrun agent, ranks) held at one time, sampled every 50 ms: at least 95% of it
-    (the old figure said 88%) and at most 125%."""
+    (launcher, torchrun agent, ranks) held at one time, sampled every 50 ms: at least 90% of it
+    (the old figure said 88% here and 71% on CI's machine) and at most 150% (machines differ: the
+    constants cover the larger of the two measurements)."""
     from qwen3exp.platforms import cpu
 
     run = tmp_path / "run"
@@ -206,4 +217,4 @@ def test_host_memory_figure_matches_a_real_tiny_run(tmp_path):
     assert proc.returncode == 0, (tmp_path / "run.log").read_text()[-3000:]
     plan = json.loads((run / "plan.json").read_text())["memory"]["total"]
     figure = cpu.host_memory(ranks=2, plan_bytes_per_rank=plan).need
-    assert 0.95 * peak <= figure <= 1.25 * peak, (figure / 2**20, peak / 2**20)
+    assert 0.9 * peak <= figure <= 1.5 * peak, (figure / 2**20, peak / 2**20)

@@ -124,7 +124,10 @@ def file_problems(folders: list[Path], checked: set[Path]) -> list[Problem]:
                                     f"(or folders deeper than {MAX_DEPTH} levels)",
                                     "a folder of config groups (model/, data/, experiment/, ...)",
                                     "point --config-dir (or hydra.searchpath) at the folder of your config groups"))
-        problems += [p for f in files if (p := _file_problem(f)) is not None]
+        # A run's recorded .hydra/ (relaunch's config folder) holds Hydra's own records, which
+        # Hydra does not parse (hydra.yaml may hold a redacted *** that is not YAML): sizes only.
+        syntax = folder.name != ".hydra"
+        problems += [p for f in files if (p := _file_problem(f, syntax=syntax)) is not None]
     return problems
 
 
@@ -142,7 +145,7 @@ def _yaml_files(folder: Path) -> tuple[list[Path], bool]:
     return files, False
 
 
-def _file_problem(path: Path) -> Problem | None:
+def _file_problem(path: Path, *, syntax: bool = True) -> Problem | None:
     import stat
 
     allowed = f"a YAML file of at most {MAX_FILE_BYTES // (1 << 20)} MiB whose values (each use of an alias " \
@@ -169,7 +172,7 @@ def _file_problem(path: Path) -> Problem | None:
     try:
         values = _expanded_values(text)
     except yaml.YAMLError as e:  # Hydra would stop with the parser's traceback
-        return yaml_problem(e, str(path))
+        return yaml_problem(e, str(path)) if syntax else None
     if values > MAX_VALUES:
         what = "more than" if values == MAX_VALUES + 1 else f"{values:,},"
         return Problem("(config file)", str(path), f"expands to {what} {MAX_VALUES:,} values through its YAML "

@@ -328,7 +328,6 @@ def _check_batch(config, hydra_context, job_overrides: Sequence[Sequence[str]], 
     from omegaconf import open_dict
 
     from qwen3exp.config.compose import composition_problems
-    from qwen3exp.config.names import placement_problems
     from qwen3exp.run import identity
 
     loader = hydra_context.config_loader
@@ -347,9 +346,6 @@ def _check_batch(config, hydra_context, job_overrides: Sequence[Sequence[str]], 
         with open_dict(cfg):
             cfg.hydra.job.id = f"{idx}"
             cfg.hydra.job.num = idx
-        if placed := placement_problems(cfg, multirun=True):  # each point's own folders (a swept job name)
-            errors.append(ConfigError(placed, context=context))
-            continue
         try:
             points.append(check_job(cfg, files, list(overrides), context=context))
             cfgs.append(cfg)
