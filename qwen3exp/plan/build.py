@@ -292,7 +292,9 @@ def _dcp_verdict(c, run_dir: Path) -> CheckpointVerdict:
 
 
 def _unsigned(run_dir: Path, step: int, problem: str) -> CheckpointVerdict:
-    where = run_dir / "checkpoint" / f"step-{step}"
+    from qwen3exp.run import rundir
+
+    where = run_dir / rundir.CHECKPOINT / f"step-{step}"
     return CheckpointVerdict(False, f"checkpoint=dcp would resume from {where}, but {problem}: qwen3exp resumes "
                                     "only checkpoints it wrote under this user's key (loading one runs pickled code)",
                              "a checkpoint this user's qwen3exp wrote (see qwen3exp/run/signing.py)",
