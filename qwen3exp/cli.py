@@ -159,18 +159,13 @@ def _dry_run(master: Master) -> bool:
 def _claim(master: Master):
     """Claim the run or sweep directory before anything is written into it; the launcher then
     checks what a run's folder holds against the planned experiment (resume or refuse)."""
-    from qwen3exp.run import claim
+    from qwen3exp.run import claim, identity
 
     out = Path(master.output_dir)
     key = "hydra.sweep.dir" if master.multirun else "hydra.run.dir"
-    node, run = _node_rank(master), None
-    if node is not None:  # the nodes' launchers share the folder: each records the run it belongs to
-        from qwen3exp.config.compose import experiment_data
-        from qwen3exp.config.schema import check_experiment
-        from qwen3exp.run import identity
-
-        exp = check_experiment(experiment_data(master.cfg)[0]).exp
-        run = identity.of(exp) if exp is not None else None
+    node, exp = _node(master)
+    # The nodes' launchers share the folder: each records the run (identity) it belongs to.
+    run = identity.of(exp) if node is not None and exp is not None else None
     held = claim.claim(out, key=key, lock=claim.lock_name(node), run=run)
     problem = claim.not_a_sweep_problem(held) if master.multirun else claim.not_a_run_problem(held)
     if problem is not None:
@@ -181,23 +176,28 @@ def _claim(master: Master):
 
 def _node_rank(master: Master) -> int | None:
     """A multi-node local run: each node's launcher holds a lock of its own in the one folder."""
+    return _node(master)[0]
+
+
+def _node(master: Master):
+    """(this launcher's node rank of a multi-node run, else None; the experiment, validated once)."""
     from qwen3exp.config.compose import experiment_data
     from qwen3exp.config.schema import check_experiment
 
     if master.multirun:
-        return None
+        return None, None
     try:
         exp = check_experiment(experiment_data(master.cfg)[0]).exp
     except ConfigError:
-        return None
+        return None, None
     if exp is None or exp.launcher.nnodes == 1:
-        return None
+        return None, exp
     from qwen3exp.plan import placement
 
     try:
-        return placement.resolve(exp, os.environ).node_rank
+        return placement.resolve(exp, os.environ).node_rank, exp
     except ConfigError:
-        return None
+        return None, exp
 
 
 class _Terminated(BaseException):
