@@ -21,9 +21,13 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from qwen3exp.config.argv import parse_argv, quote_value
+from qwen3exp.config.composer import compose_experiment
 from qwen3exp.config.names import stamp
 from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError
+from qwen3exp.plan.build import make_plan
 from qwen3exp.run import rundir
+from qwen3exp.titan.job_config import override_claims
 
 
 class Refused(Exception):
@@ -36,8 +40,6 @@ def _argv(overrides: Sequence[str], config_dir: str | Path | None) -> list[str]:
 
 def compose(overrides: Sequence[str] = (), *, config_dir: str | Path | None = None):
     """The validated Experiment of these overrides (no files read beyond the config files)."""
-    from qwen3exp.config.compose import compose_experiment, parse_argv
-
     inv = parse_argv(_argv(overrides, config_dir))
     return compose_experiment(inv.overrides, config_dir=inv.config_dir, config_name=inv.config_name)
 
@@ -45,15 +47,18 @@ def compose(overrides: Sequence[str] = (), *, config_dir: str | Path | None = No
 def plan(exp, run_dir: str | Path | None = None):
     """Resolve and check everything a launch would (model files, data, platform, mesh, memory,
     placement); the Plan a dry run prints. Raises ConfigError naming every problem."""
-    from qwen3exp.plan.build import make_plan
-    from qwen3exp.titan.job_config import override_claims
-
     where = run_dir if run_dir is not None else f"outputs/{exp.name}/{stamp()}"
     return make_plan(exp, where, claims_of=override_claims)
 
 
-def run(overrides: Sequence[str] = (), *, config_dir: str | Path | None = None, run_dir: str | Path | None = None,
-        env: Mapping[str, str] | None = None, quiet: bool = True) -> dict:
+def run(
+    overrides: Sequence[str] = (),
+    *,
+    config_dir: str | Path | None = None,
+    run_dir: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    quiet: bool = True,
+) -> dict:
     """Train: `python -m qwen3exp OVERRIDES` in a child process; returns summary.json. `run_dir`:
     Hydra's run directory (default: a new `outputs/<name>/<stamp>`, computed here so that the
     summary can be read back); `quiet`: keep the child's output out of the notebook (it is in the
@@ -63,11 +68,10 @@ def run(overrides: Sequence[str] = (), *, config_dir: str | Path | None = None, 
             run_dir = Path("outputs") / compose(overrides, config_dir=config_dir).name / stamp()
         except ConfigError as e:
             raise Refused(e.render()) from None
-    from qwen3exp.config.compose import quote_value
-
     argv = [*_argv(overrides, config_dir), f"hydra.run.dir={quote_value(str(run_dir))}"]
-    proc = subprocess.run([sys.executable, "-m", "qwen3exp", *argv], env={**os.environ, **(env or {})},
-                          capture_output=quiet, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "qwen3exp", *argv], env={**os.environ, **(env or {})}, capture_output=quiet, text=True
+    )
     if proc.returncode == EXIT_CONFIG_ERROR:
         raise Refused((proc.stderr or "").strip() or f"refused (exit {EXIT_CONFIG_ERROR}); see the output above")
     summary = rundir.read_json(Path(run_dir) / rundir.SUMMARY)

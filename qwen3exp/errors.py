@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 EXIT_CONFIG_ERROR = 2
 EXIT_CHECK_CRASHED = 70
@@ -108,8 +109,6 @@ def one_of(options) -> str:
 
 def nearby_path(path) -> str | None:
     """For a path that does not exist: 'did you mean <sibling>?', or which parent is missing."""
-    from pathlib import Path
-
     path = Path(path)
     parent = path.parent
     if not parent.is_dir():

@@ -5,7 +5,14 @@ Hydra's own help stays `--hydra-help`. Nothing starts, nothing is written."""
 
 from __future__ import annotations
 
-from qwen3exp.config.compose import GROUPS, Composer, Invocation, experiment_data
+from omegaconf import OmegaConf
+
+from qwen3exp.config.argv import GROUPS, Invocation
+from qwen3exp.config.compose import experiment_data
+from qwen3exp.config.composer import Composer
+from qwen3exp.config.schema import Experiment
+from qwen3exp.config.translate import describe, field_of, type_name
+from qwen3exp.run import rundir
 
 COMMANDS = """\
 usage: qwen3exp [group=option ...] [key=value ...]     (python -m qwen3exp is the same command)
@@ -28,28 +35,22 @@ DOCS = "Docs: the README shipped with qwen3exp (pip show -f qwen3exp), sections 
 
 
 def render(inv: Invocation) -> str:
-    from qwen3exp.config import schema
-
     lines = [COMMANDS]
     with Composer(inv.config_dir, inv.config_name) as c:
         overrides = [o for o in inv.overrides if "=" in o]
         lines.append("config groups (group=option; * the option of this composition):")
         cfg = c.compose(overrides)
         data, _ = experiment_data(cfg)
-        from omegaconf import OmegaConf
-
         for group in GROUPS:
             chosen = OmegaConf.select(cfg, f"hydra.runtime.choices.{group}", default=None)
             options = [f"{o}*" if o == chosen else o for o in c.options(group, tuple(overrides))]
             lines.append(f"  {group:<12} {', '.join(options)}")
     lines.append("")
     lines.append("keys (key=value: type, value in this composition; what it is):")
-    from qwen3exp.run import rundir
-
     for key, value in rundir.flatten(data).items():
-        fld = schema.field_of(key, data)
-        kind = schema.type_name(fld.annotation) + _bounds(fld) if fld is not None else "?"
-        doc = schema.describe(key) or ""
+        fld = field_of(Experiment, key, data)
+        kind = type_name(fld.annotation) + _bounds(fld) if fld is not None else "?"
+        doc = describe(Experiment, key) or ""
         shown = "null" if value is None else str(value)
         lines.append(f"  {key} ({kind}) = {shown if len(shown) <= 60 else shown[:57] + '...'}")
         if doc:

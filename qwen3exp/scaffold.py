@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+from qwen3exp.assets import CORPUS_DIR
 from qwen3exp.errors import EXIT_CONFIG_ERROR, printable
 
 EXPERIMENT = """\
@@ -64,8 +65,6 @@ Runs land in `outputs/` (git-ignored); each run's `provenance.json` records this
 
 def _sample_lines() -> str:
     """A few hundred lines of the corpus qwen3exp ships, so the experiment trains on real text."""
-    from qwen3exp.assets import CORPUS_DIR
-
     rows = []
     for line in (CORPUS_DIR / "train.jsonl").read_text().splitlines()[:300]:
         text = json.loads(line).get("text")

@@ -14,8 +14,9 @@ REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600,
-            module: str = "qwen3exp") -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600, module: str = "qwen3exp"
+) -> subprocess.CompletedProcess:
     """`python -m qwen3exp ARGS` in a subprocess (the way a user runs it). `module`
     qwen3exp.analysis.report / diff / relaunch: the command `qwen3exp report|diff|relaunch ARGS`."""
     if module.startswith("qwen3exp.analysis."):
@@ -25,8 +26,14 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
     full_env.setdefault("HF_HUB_OFFLINE", "1")
     if env:
         full_env.update(env)
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd or REPO, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd or REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def read_summary(run_dir: Path) -> dict:
@@ -49,7 +56,9 @@ def read_validation(run_dir: Path) -> list[dict]:
 
 def compose(*overrides: str) -> dict:
     """Compose conf/ with overrides (as the command line would), returning the plain experiment."""
-    from qwen3exp.config.compose import Composer, ConfigError, experiment_data
+    from qwen3exp.config.compose import experiment_data
+    from qwen3exp.config.composer import Composer
+    from qwen3exp.errors import ConfigError
 
     with Composer() as c:
         data, problems = experiment_data(c.compose(list(overrides)))

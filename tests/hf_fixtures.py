@@ -24,25 +24,45 @@ def tiny_config(*, tied: bool, rope_theta: float = 5e6, **overrides):
     from transformers import Qwen3Config, Qwen3MoeConfig
 
     moe = "num_experts" in overrides
-    kw = dict(vocab_size=2048, hidden_size=96, intermediate_size=160, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, head_dim=40, max_position_embeddings=1024,
-              rms_norm_eps=1e-5, tie_word_embeddings=tied, initializer_range=0.2, eos_token_id=0,
-              rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
-              architectures=["Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"])
+    kw = dict(
+        vocab_size=2048,
+        hidden_size=96,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=40,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=tied,
+        initializer_range=0.2,
+        eos_token_id=0,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+        architectures=["Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"],
+    )
     kw.update(overrides)
     return (Qwen3MoeConfig if moe else Qwen3Config)(**kw)
 
 
-def write_checkpoint(folder: Path, *, tied: bool, rope_theta: float = 5e6, seed: int = 0,
-                     tokenizer: bool = True, max_shard_size: str | None = None, **overrides) -> Path:
+def write_checkpoint(
+    folder: Path,
+    *,
+    tied: bool,
+    rope_theta: float = 5e6,
+    seed: int = 0,
+    tokenizer: bool = True,
+    max_shard_size: str | None = None,
+    **overrides,
+) -> Path:
     """A complete `from_pretrained` folder: config.json, model.safetensors, tokenizer files.
     `max_shard_size` (e.g. "500KB"): the weights in several shards plus model.safetensors.index.json."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(tied=tied, rope_theta=rope_theta, **overrides),
-                                             dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(
+        tiny_config(tied=tied, rope_theta=rope_theta, **overrides), dtype=torch.float32
+    )
     with torch.no_grad():  # RMSNorm weights are ones at init; vary them so they are checked too
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -55,11 +75,23 @@ def write_checkpoint(folder: Path, *, tied: bool, rope_theta: float = 5e6, seed:
     return folder
 
 
-QWEN3_0P6B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
-                  rms_norm_eps=1e-6, max_position_embeddings=40960, hidden_act="silu",
-                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-                  bos_token_id=151643, eos_token_id=151645, architectures=["Qwen3ForCausalLM"])
+QWEN3_0P6B = dict(
+    vocab_size=151936,
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    tie_word_embeddings=True,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=40960,
+    hidden_act="silu",
+    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    bos_token_id=151643,
+    eos_token_id=151645,
+    architectures=["Qwen3ForCausalLM"],
+)
 """Qwen/Qwen3-0.6B's published config.json (dimensions, vocabulary, tied embeddings, RoPE)."""
 
 
@@ -111,9 +143,13 @@ def first_batches(run_dir: Path) -> list[tuple]:
     tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
     out = []
     for rank in range(world):
-        loader = config.dataloader.build(dp_world_size=world, dp_rank=rank, tokenizer=tokenizer,
-                                         seq_len=exp.training.seq_len,
-                                         local_batch_size=exp.training.local_batch_size)
+        loader = config.dataloader.build(
+            dp_world_size=world,
+            dp_rank=rank,
+            tokenizer=tokenizer,
+            seq_len=exp.training.seq_len,
+            local_batch_size=exp.training.local_batch_size,
+        )
         inputs, labels = next(iter(loader))
         out.append((inputs["input"], labels, inputs["positions"]))
     return out
@@ -174,8 +210,10 @@ def hf_losses(*jobs: tuple[Path, list[tuple], str | None]) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
         saved = Path(tmp) / "jobs.pt"
         torch.save([(str(jobs[i][0]), jobs[i][1], jobs[i][2]) for i in order], saved)
-        code = (f"import json, sys, torch; sys.path.insert(0, {str(here)!r}); from hf_fixtures import hf_loss_here; "
-                f"print(json.dumps([hf_loss_here(f, b, experts_dtype=d) for f, b, d in torch.load({str(saved)!r})]))")
+        code = (
+            f"import json, sys, torch; sys.path.insert(0, {str(here)!r}); from hf_fixtures import hf_loss_here; "
+            f"print(json.dumps([hf_loss_here(f, b, experts_dtype=d) for f, b, d in torch.load({str(saved)!r})]))"
+        )
         env = dict(os.environ, PYTHONPATH=str(here.parent), HF_HUB_OFFLINE="1")
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
         assert r.returncode == 0, r.stderr[-3000:]
@@ -229,8 +267,9 @@ def hf_loss_here(folder, batches: list[tuple], experts_dtype: str | None = None)
                     starts = [0, *starts]
                 bounds = [*starts, ids.shape[1]]
                 for a, b in zip(bounds, bounds[1:], strict=False):
-                    logits = model(input_ids=ids[row, a:b][None],
-                                   position_ids=positions[row, a:b][None]).logits[0].double()
+                    logits = (
+                        model(input_ids=ids[row, a:b][None], position_ids=positions[row, a:b][None]).logits[0].double()
+                    )
                     total += F.cross_entropy(logits, labels[row, a:b], reduction="sum").item()
                     count += b - a
     return total / count

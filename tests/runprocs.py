@@ -18,8 +18,15 @@ from conftest import REPO
 # A few steps of the tiny model on 2 CPU ranks; one intra-op thread per rank everywhere, so that
 # runs with different rank layouts compute in the same order. (conftest.py's `reference_losses`
 # trains exactly these settings once per session.)
-TINY = ("platform=cpu", "platform.threads_per_rank=1", "training.steps=6", "training.warmup_steps=1",
-        "training.seq_len=64", "training.local_batch_size=2", "metrics.tensorboard=false")
+TINY = (
+    "platform=cpu",
+    "platform.threads_per_rank=1",
+    "training.steps=6",
+    "training.warmup_steps=1",
+    "training.seq_len=64",
+    "training.local_batch_size=2",
+    "metrics.tensorboard=false",
+)
 
 
 def env_with(**extra: str) -> dict:
@@ -32,8 +39,13 @@ def env_with(**extra: str) -> dict:
 
 def start_cli(*args: str, log: Path, **env: str) -> subprocess.Popen:
     """`python -m qwen3exp ARGS` in the background, output to `log`."""
-    return subprocess.Popen([sys.executable, "-m", "qwen3exp", *args], cwd=REPO, env=env_with(**env),
-                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "qwen3exp", *args],
+        cwd=REPO,
+        env=env_with(**env),
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
 
 
 def wait_for(condition, *, proc: subprocess.Popen | None = None, timeout: float = 300, what: str = "") -> None:
@@ -49,8 +61,11 @@ def wait_for(condition, *, proc: subprocess.Popen | None = None, timeout: float 
 def metric_rows(run_dir: Path) -> int:
     """Training rows of metrics.jsonl written so far (validation rows have no "loss" key)."""
     try:
-        return sum(1 for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-                   if line.endswith("}") and '"loss":' in line)
+        return sum(
+            1
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+            if line.endswith("}") and '"loss":' in line
+        )
     except OSError:
         return 0
 
@@ -104,14 +119,16 @@ class Background:
         folder.mkdir(parents=True, exist_ok=True)
         self.stdout, self.stderr = folder / "stdout.log", folder / "stderr.log"
         with self.stdout.open("w") as out, self.stderr.open("w") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "qwen3exp", *args], cwd=cwd, env=env_with(**env),
-                                         stdout=out, stderr=err)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "qwen3exp", *args], cwd=cwd, env=env_with(**env), stdout=out, stderr=err
+            )
 
     def result(self, timeout: float = 600) -> subprocess.CompletedProcess:
         """Wait for it (as `conftest.run_cli` would have): exit code, stdout, stderr."""
         self.proc.wait(timeout=timeout)
-        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, self.stdout.read_text(),
-                                           self.stderr.read_text())
+        return subprocess.CompletedProcess(
+            self.proc.args, self.proc.returncode, self.stdout.read_text(), self.stderr.read_text()
+        )
 
     def stop(self, *run_dirs: Path) -> None:
         """Fixture teardown: end it if it still runs (a test failed or was not selected), and any

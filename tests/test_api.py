@@ -9,8 +9,16 @@ from qwen3exp import api
 from qwen3exp.config.schema import Experiment
 from qwen3exp.errors import ConfigError
 
-FAST = ["training.steps=2", "training.warmup_steps=0", "training.seq_len=32", "training.local_batch_size=1",
-        "metrics.tensorboard=false", "platform=cpu", "platform.threads_per_rank=1", "launcher.nproc_per_node=1"]
+FAST = [
+    "training.steps=2",
+    "training.warmup_steps=0",
+    "training.seq_len=32",
+    "training.local_batch_size=1",
+    "metrics.tensorboard=false",
+    "platform=cpu",
+    "platform.threads_per_rank=1",
+    "launcher.nproc_per_node=1",
+]
 
 
 def test_compose_and_plan():

@@ -45,8 +45,9 @@ class Case:
 
 CASES = [
     # sizes: zero, negative, wrong type
-    Case("steps_zero", ("training.steps=0",), "training.steps", "a number > 0",
-         ("from: command line training.steps=0",)),
+    Case(
+        "steps_zero", ("training.steps=0",), "training.steps", "a number > 0", ("from: command line training.steps=0",)
+    ),
     Case("steps_negative", ("training.steps=-5",), "training.steps", "a number > 0"),
     Case("seq_len_zero", ("training.seq_len=0",), "training.seq_len", "a number > 0"),
     Case("local_batch_negative", ("training.local_batch_size=-1",), "training.local_batch_size", "a number > 0"),
@@ -55,144 +56,369 @@ CASES = [
     Case("compile_not_bool", ("training.compile=maybe",), "training.compile", "bool"),
     Case("log_freq_zero", ("metrics.log_freq=0",), "metrics.log_freq", "a number > 0"),
     Case("nproc_zero", ("launcher.nproc_per_node=0",), "launcher.nproc_per_node", "a number > 0"),
-    Case("memory_negative", ("platform=cpu", "platform.memory_per_rank_gib=-1"), "platform.memory_per_rank_gib",
-         "a number > 0"),
+    Case(
+        "memory_negative",
+        ("platform=cpu", "platform.memory_per_rank_gib=-1"),
+        "platform.memory_per_rank_gib",
+        "a number > 0",
+    ),
     Case("global_batch_zero", ("training.global_batch_size=0",), "training.global_batch_size", "-1 or an integer > 0"),
     # unknown keys, sections, options, flavors: the nearest valid one
-    Case("unknown_key", ("training.step=5",), "training.step", "steps, seq_len",
-         ("did you mean training.steps?",)),
+    Case("unknown_key", ("training.step=5",), "training.step", "steps, seq_len", ("did you mean training.steps?",)),
     Case("unknown_section", ("trainin.steps=5",), "trainin.steps", "training, metrics", ("did you mean training?",)),
-    Case("unknown_added_key", ("+training.stepz=5",), "training.stepz", "steps, seq_len",
-         ("did you mean training.steps?",)),
+    Case(
+        "unknown_added_key",
+        ("+training.stepz=5",),
+        "training.stepz",
+        "steps, seq_len",
+        ("did you mean training.steps?",),
+    ),
     Case("unknown_flavor", ("model.flavor=4b",), "model.flavor", "0.6B, 1.7B, 4B", ("did you mean 4B?",)),
     Case("unknown_group_option", ("model=natve",), "model", "native", ("did you mean native?",)),
     Case("unknown_platform", ("platform=gpu",), "platform", "auto, cpu"),
     Case("unknown_experiment", ("experiment=nonexistent",), "experiment", "tiny_native"),
-    Case("bad_choice_decay", ("training.decay_type=cosin",), "training.decay_type", "'linear', 'sqrt' or 'cosine'",
-         ("did you mean cosine?",)),
+    Case(
+        "bad_choice_decay",
+        ("training.decay_type=cosin",),
+        "training.decay_type",
+        "'linear', 'sqrt' or 'cosine'",
+        ("did you mean cosine?",),
+    ),
     Case("bad_choice_dtype", ("training.dtype=fp16",), "training.dtype", "'float32' or 'bfloat16'"),
-    Case("bad_choice_ac", ("training.activation_checkpoint=partial",), "training.activation_checkpoint",
-         "'none', 'selective' or 'full'"),
+    Case(
+        "bad_choice_ac",
+        ("training.activation_checkpoint=partial",),
+        "training.activation_checkpoint",
+        "'none', 'selective' or 'full'",
+    ),
     Case("bad_name", ("name=bad/name",), "name", "letters, digits"),
     # world size vs degrees, heads, experts, batches, sequence length, layers
-    Case("tp_vs_world", ("parallelism.tp=3",), "parallelism.tp", "allowed: 1, 2 (the divisors of 2)",
-         ("world size 2 = launcher.nnodes 1 x 2 ranks per node",)),
+    Case(
+        "tp_vs_world",
+        ("parallelism.tp=3",),
+        "parallelism.tp",
+        "allowed: 1, 2 (the divisors of 2)",
+        ("world size 2 = launcher.nnodes 1 x 2 ranks per node",),
+    ),
     Case("pp_vs_world", ("parallelism.pp=3",), "parallelism.pp", "allowed: 1, 2 (the divisors of 2)"),
-    Case("dp_shard_vs_world", ("parallelism.dp_shard=4",), "parallelism.dp_shard", "-1 or 2",
-         ("nearest valid value: parallelism.dp_shard=2",)),
-    Case("tp_vs_kv_heads", ("launcher.nproc_per_node=4", "parallelism.tp=4"), "parallelism.tp",
-         "allowed: 1, 2 (the divisors of 2)",
-         ("n_kv_heads (2, flavor tiny)", "nearest valid value: parallelism.tp=2")),
-    Case("tp_vs_heads", ("model.flavor=0.6B", "launcher.nproc_per_node=3", "parallelism.tp=3"), "parallelism.tp",
-         "allowed: 1, 2, 4, 8, 16 (the divisors of 16)", ("n_heads (16, flavor 0.6B)",)),
+    Case(
+        "dp_shard_vs_world",
+        ("parallelism.dp_shard=4",),
+        "parallelism.dp_shard",
+        "-1 or 2",
+        ("nearest valid value: parallelism.dp_shard=2",),
+    ),
+    Case(
+        "tp_vs_kv_heads",
+        ("launcher.nproc_per_node=4", "parallelism.tp=4"),
+        "parallelism.tp",
+        "allowed: 1, 2 (the divisors of 2)",
+        ("n_kv_heads (2, flavor tiny)", "nearest valid value: parallelism.tp=2"),
+    ),
+    Case(
+        "tp_vs_heads",
+        ("model.flavor=0.6B", "launcher.nproc_per_node=3", "parallelism.tp=3"),
+        "parallelism.tp",
+        "allowed: 1, 2, 4, 8, 16 (the divisors of 16)",
+        ("n_heads (16, flavor 0.6B)",),
+    ),
     Case("ep_on_dense", ("parallelism.ep=2",), "parallelism.ep", "allowed: 1", ("needs an MoE model",)),
-    Case("global_batch_vs_dp", ("training.global_batch_size=20",), "training.global_batch_size",
-         "-1 or a multiple of 16",
-         ("local_batch_size x data-parallel degree = 8 x 2 = 16", "training.global_batch_size=16 or 32")),
-    Case("seq_len_above_max", ("training.seq_len=5000",), "training.seq_len", "1..4096",
-         ("maximum sequence length (4096, flavor tiny)",)),
+    Case(
+        "global_batch_vs_dp",
+        ("training.global_batch_size=20",),
+        "training.global_batch_size",
+        "-1 or a multiple of 16",
+        ("local_batch_size x data-parallel degree = 8 x 2 = 16", "training.global_batch_size=16 or 32"),
+    ),
+    Case(
+        "seq_len_above_max",
+        ("training.seq_len=5000",),
+        "training.seq_len",
+        "1..4096",
+        ("maximum sequence length (4096, flavor tiny)",),
+    ),
     Case("warmup_above_steps", ("training.warmup_steps=50",), "training.warmup_steps", "0..30"),
     Case("n_layers_above_flavor", ("model.n_layers=10",), "model.n_layers", "1..2"),
     Case("top_k_on_dense", ("model.top_k=4",), "model.top_k", "null for dense models"),
     Case("top_k_above_experts", ("model.flavor=tiny_moe", "model.top_k=16"), "model.top_k", "1..8"),
-    Case("flavor_auto_without_config", ("model.flavor=auto", "model.hf_assets_path={tmp}/big_tokenizer"),
-         "model.hf_assets_path", "a folder with a Qwen3 config.json", ("holds no config.json",)),
+    Case(
+        "flavor_auto_without_config",
+        ("model.flavor=auto", "model.hf_assets_path={tmp}/big_tokenizer"),
+        "model.hf_assets_path",
+        "a folder with a Qwen3 config.json",
+        ("holds no config.json",),
+    ),
     Case("multinode_without_rendezvous", ("launcher.nnodes=2",), "launcher.rdzv_endpoint", "host:port"),
     Case("node_rank_out_of_range", ("launcher.node_rank=3",), "launcher.node_rank", "0..0"),
     # files: missing paths, wrong kinds, tokenizer larger than the model's vocabulary
-    Case("assets_path_missing", ("model.hf_assets_path={tmp}/big_tokenizr",), "model.hf_assets_path",
-         "a local folder, or a Hugging Face Hub id", ("folder does not exist", "did you mean")),
-    Case("assets_path_is_file", ("model.hf_assets_path={tmp}/corpus.csv",), "model.hf_assets_path",
-         "a local folder with tokenizer files", ("is a file, not a folder",)),
-    Case("assets_without_tokenizer", ("model.hf_assets_path={tmp}/empty",), "model.hf_assets_path",
-         "a folder with tokenizer.json", ("holds no tokenizer",)),
-    Case("tokenizer_vocab_above_model", ("model.hf_assets_path={tmp}/big_tokenizer",), "model.hf_assets_path",
-         "a tokenizer with at most 2048 tokens", ("token ids up to 5000 but the model's vocab_size is 2048",)),
-    Case("data_path_missing", ("data=local", "data.path={tmp}/corpus.jsonx"), "data.path", "an existing .jsonl",
-         ("did you mean",)),
-    Case("data_path_unset", ("data=local",), "data.path", "A .jsonl file",
-         ("from: group file conf/data/local.yaml",)),
-    Case("data_path_wrong_type", ("data=local", "data.path={tmp}/corpus.csv"), "data.path", "an existing .jsonl",
-         ("unsupported file type .csv",)),
-    Case("data_folder_empty", ("data=local", "data.path={tmp}/empty"), "data.path", "an existing .jsonl",
-         ("holds no data file",)),
+    Case(
+        "assets_path_missing",
+        ("model.hf_assets_path={tmp}/big_tokenizr",),
+        "model.hf_assets_path",
+        "a local folder, or a Hugging Face Hub id",
+        ("folder does not exist", "did you mean"),
+    ),
+    Case(
+        "assets_path_is_file",
+        ("model.hf_assets_path={tmp}/corpus.csv",),
+        "model.hf_assets_path",
+        "a local folder with tokenizer files",
+        ("is a file, not a folder",),
+    ),
+    Case(
+        "assets_without_tokenizer",
+        ("model.hf_assets_path={tmp}/empty",),
+        "model.hf_assets_path",
+        "a folder with tokenizer.json",
+        ("holds no tokenizer",),
+    ),
+    Case(
+        "tokenizer_vocab_above_model",
+        ("model.hf_assets_path={tmp}/big_tokenizer",),
+        "model.hf_assets_path",
+        "a tokenizer with at most 2048 tokens",
+        ("token ids up to 5000 but the model's vocab_size is 2048",),
+    ),
+    Case(
+        "data_path_missing",
+        ("data=local", "data.path={tmp}/corpus.jsonx"),
+        "data.path",
+        "an existing .jsonl",
+        ("did you mean",),
+    ),
+    Case("data_path_unset", ("data=local",), "data.path", "A .jsonl file", ("from: group file conf/data/local.yaml",)),
+    Case(
+        "data_path_wrong_type",
+        ("data=local", "data.path={tmp}/corpus.csv"),
+        "data.path",
+        "an existing .jsonl",
+        ("unsupported file type .csv",),
+    ),
+    Case(
+        "data_folder_empty",
+        ("data=local", "data.path={tmp}/empty"),
+        "data.path",
+        "an existing .jsonl",
+        ("holds no data file",),
+    ),
     # memory: a plan that does not fit is an error unless dry_run
-    Case("model_does_not_fit", ("model.flavor=4B",), "model.flavor", "a plan needing at most",
-         ("per rank (parameters", "try: training.activation_checkpoint=full")),
-    Case("budget_too_small", ("platform=cpu", "platform.memory_per_rank_gib=0.001"), "model.flavor",
-         "a plan needing at most"),
+    Case(
+        "model_does_not_fit",
+        ("model.flavor=4B",),
+        "model.flavor",
+        "a plan needing at most",
+        ("per rank (parameters", "try: training.activation_checkpoint=full"),
+    ),
+    Case(
+        "budget_too_small",
+        ("platform=cpu", "platform.memory_per_rank_gib=0.001"),
+        "model.flavor",
+        "a plan needing at most",
+    ),
     # values that come from files name the file
-    Case("bad_value_in_experiment_file", ("--config-path", "{tmp}/conf", "experiment=bad"), "training.steps",
-         "a number > 0", ("from: experiment file conf/experiment/bad.yaml",)),
+    Case(
+        "bad_value_in_experiment_file",
+        ("--config-path", "{tmp}/conf", "experiment=bad"),
+        "training.steps",
+        "a number > 0",
+        ("from: experiment file conf/experiment/bad.yaml",),
+    ),
     # several independent mistakes are reported together (an unknown flavor does not hide a bad tp)
-    Case("several_at_once", ("training.steps=0", "model.flavor=4b", "parallelism.tp=3", "training.decay_type=cosin"),
-         "parallelism.tp", "allowed: 1, 2 (the divisors of 2)",
-         ("4 configuration errors", "training.steps = 0", "model.flavor = '4b'", "training.decay_type = 'cosin'")),
-    Case("experiment_file_without_header", ("--config-path", "{tmp}/conf", "experiment=headless"), "experiment",
-         "# @package _global_", ("conf/experiment/headless.yaml",)),
-    Case("group_option_with_others", ("data=locl", "training.steps=0"), "data", "bundled, local",
-         ("did you mean local?", "2 configuration errors", "training.steps = 0")),
-    Case("bad_sweep_point", ("-m", "training.steps=10,0"), "training.steps", "a number > 0",
-         ("sweep point 2/2",), multirun=True),
+    Case(
+        "several_at_once",
+        ("training.steps=0", "model.flavor=4b", "parallelism.tp=3", "training.decay_type=cosin"),
+        "parallelism.tp",
+        "allowed: 1, 2 (the divisors of 2)",
+        ("4 configuration errors", "training.steps = 0", "model.flavor = '4b'", "training.decay_type = 'cosin'"),
+    ),
+    Case(
+        "experiment_file_without_header",
+        ("--config-path", "{tmp}/conf", "experiment=headless"),
+        "experiment",
+        "# @package _global_",
+        ("conf/experiment/headless.yaml",),
+    ),
+    Case(
+        "group_option_with_others",
+        ("data=locl", "training.steps=0"),
+        "data",
+        "bundled, local",
+        ("did you mean local?", "2 configuration errors", "training.steps = 0"),
+    ),
+    Case(
+        "bad_sweep_point",
+        ("-m", "training.steps=10,0"),
+        "training.steps",
+        "a number > 0",
+        ("sweep point 2/2",),
+        multirun=True,
+    ),
     # data files that exist but that the loader cannot read: the file and the line are named
-    Case("data_file_empty", ("data=local", "data.path={tmp}/data/empty.jsonl"), "data.path", "UTF-8 JSON lines",
-         ("empty.jsonl: the file is empty",)),
-    Case("data_file_binary", ("data=local", "data.path={tmp}/data/binary.txt"), "data.path", "UTF-8 text files",
-         ("binary.txt: line 2: not UTF-8 text (byte 0x80",)),
-    Case("data_file_invalid_json", ("data=local", "data.path={tmp}/data/broken.jsonl"), "data.path",
-         "one object per line", ("broken.jsonl: line 2: not valid JSON",)),
-    Case("data_file_lacks_text_field", ("data=local", "data.path={tmp}/data/no_field.jsonl"), "data.text_field",
-         "a key of every record", ("has no key 'text' (its keys: txt)", "did you mean txt?")),
-    Case("data_file_text_not_a_string", ("data=local", "data.path={tmp}/data/number.jsonl"), "data.path",
-         '"text" a non-empty string', ("number.jsonl: line 2: 'text' is a JSON number, not a string",)),
-    Case("data_file_empty_text", ("data=local", "data.path={tmp}/data/empty_text.jsonl"), "data.path",
-         '"text" a non-empty string', ("line 1: 'text' is an empty string",)),
-    Case("data_folder_mixes_txt_and_jsonl", ("data=local", "data.path={tmp}/data/mixed"), "data.path",
-         "a folder of .txt files only", ("mixes .txt files (b.txt)",)),
-    Case("data_txt_only_whitespace", ("data=local", "data.path={tmp}/data/blank.txt"), "data.path",
-         "UTF-8 text files", ("holds only whitespace",)),
+    Case(
+        "data_file_empty",
+        ("data=local", "data.path={tmp}/data/empty.jsonl"),
+        "data.path",
+        "UTF-8 JSON lines",
+        ("empty.jsonl: the file is empty",),
+    ),
+    Case(
+        "data_file_binary",
+        ("data=local", "data.path={tmp}/data/binary.txt"),
+        "data.path",
+        "UTF-8 text files",
+        ("binary.txt: line 2: not UTF-8 text (byte 0x80",),
+    ),
+    Case(
+        "data_file_invalid_json",
+        ("data=local", "data.path={tmp}/data/broken.jsonl"),
+        "data.path",
+        "one object per line",
+        ("broken.jsonl: line 2: not valid JSON",),
+    ),
+    Case(
+        "data_file_lacks_text_field",
+        ("data=local", "data.path={tmp}/data/no_field.jsonl"),
+        "data.text_field",
+        "a key of every record",
+        ("has no key 'text' (its keys: txt)", "did you mean txt?"),
+    ),
+    Case(
+        "data_file_text_not_a_string",
+        ("data=local", "data.path={tmp}/data/number.jsonl"),
+        "data.path",
+        '"text" a non-empty string',
+        ("number.jsonl: line 2: 'text' is a JSON number, not a string",),
+    ),
+    Case(
+        "data_file_empty_text",
+        ("data=local", "data.path={tmp}/data/empty_text.jsonl"),
+        "data.path",
+        '"text" a non-empty string',
+        ("line 1: 'text' is an empty string",),
+    ),
+    Case(
+        "data_folder_mixes_txt_and_jsonl",
+        ("data=local", "data.path={tmp}/data/mixed"),
+        "data.path",
+        "a folder of .txt files only",
+        ("mixes .txt files (b.txt)",),
+    ),
+    Case(
+        "data_txt_only_whitespace",
+        ("data=local", "data.path={tmp}/data/blank.txt"),
+        "data.path",
+        "UTF-8 text files",
+        ("holds only whitespace",),
+    ),
     # non-finite numbers, in any section
     Case("lr_inf", ("training.lr=inf",), "training.lr", "a finite number", ("from: command line training.lr=inf",)),
     Case("lr_nan", ("training.lr=nan",), "training.lr", "a finite number"),
     Case("max_norm_inf", ("training.max_norm=inf",), "training.max_norm", "a finite number"),
     Case("min_lr_factor_nan", ("training.min_lr_factor=nan",), "training.min_lr_factor", "a finite number"),
     Case("stop_timeout_inf", ("launcher.stop_timeout_s=inf",), "launcher.stop_timeout_s", "a finite number"),
-    Case("memory_per_rank_nan", ("platform=cpu", "platform.memory_per_rank_gib=nan"), "platform.memory_per_rank_gib",
-         "a finite number"),
+    Case(
+        "memory_per_rank_nan",
+        ("platform=cpu", "platform.memory_per_rank_gib=nan"),
+        "platform.memory_per_rank_gib",
+        "a finite number",
+    ),
     # what torchtitan divides inside a rank: sequence by cp and the loss chunks, heads by kv heads
-    Case("cp_odd_seq_len", ("parallelism.cp=2", "training.seq_len=255"), "training.seq_len", "a multiple of 16",
-         ("context parallelism (parallelism.cp=2)", "nearest valid values: training.seq_len=240 or 256")),
-    Case("seq_len_not_loss_chunks", ("training.seq_len=100",), "training.seq_len", "a multiple of 8",
-         ("chunked loss",)),
-    Case("heads_not_multiple_of_kv_heads", ("model.flavor=auto", "model.hf_assets_path={tmp}/kv3"),
-         "model.hf_assets_path", "num_attention_heads is a multiple of num_key_value_heads",
-         ("num_attention_heads (4) is not a multiple of num_key_value_heads (3)",)),
+    Case(
+        "cp_odd_seq_len",
+        ("parallelism.cp=2", "training.seq_len=255"),
+        "training.seq_len",
+        "a multiple of 16",
+        ("context parallelism (parallelism.cp=2)", "nearest valid values: training.seq_len=240 or 256"),
+    ),
+    Case(
+        "seq_len_not_loss_chunks", ("training.seq_len=100",), "training.seq_len", "a multiple of 8", ("chunked loss",)
+    ),
+    Case(
+        "heads_not_multiple_of_kv_heads",
+        ("model.flavor=auto", "model.hf_assets_path={tmp}/kv3"),
+        "model.hf_assets_path",
+        "num_attention_heads is a multiple of num_key_value_heads",
+        ("num_attention_heads (4) is not a multiple of num_key_value_heads (3)",),
+    ),
     # weights behind a valid safetensors header
-    Case("weights_integer_dtype", ("checkpoint=hf_load", "model.hf_assets_path={tmp}/w_int"), "model.hf_assets_path",
-         "safetensors whose weights are F64, F32", ("model.embed_tokens.weight (I32)",)),
-    Case("weights_nan", ("checkpoint=hf_load", "model.hf_assets_path={tmp}/w_nan"), "model.hf_assets_path",
-         "weights whose values are all finite", ("NaN or Inf values: model.layers.1.mlp.down_proj.weight",)),
+    Case(
+        "weights_integer_dtype",
+        ("checkpoint=hf_load", "model.hf_assets_path={tmp}/w_int"),
+        "model.hf_assets_path",
+        "safetensors whose weights are F64, F32",
+        ("model.embed_tokens.weight (I32)",),
+    ),
+    Case(
+        "weights_nan",
+        ("checkpoint=hf_load", "model.hf_assets_path={tmp}/w_nan"),
+        "model.hf_assets_path",
+        "weights whose values are all finite",
+        ("NaN or Inf values: model.layers.1.mlp.down_proj.weight",),
+    ),
     # RoPE scaling the native model would silently drop; code shipped in a model folder
-    Case("rope_scaling_on_native", ("model.flavor=auto", "model.hf_assets_path={tmp}/yarn"), "model.hf_assets_path",
-         "for model=native: no rope_scaling", ("RoPE scaling 'yarn'", "model=hf builds it")),
-    Case("rope_scaling_next_to_flavor", ("model.flavor=tiny", "model.hf_assets_path={tmp}/yarn"),
-         "model.hf_assets_path", "for model=native: no rope_scaling", ("RoPE scaling 'yarn'",)),
-    Case("remote_code_native", ("model.hf_assets_path={tmp}/remote",), "model.hf_assets_path", "has no auto_map",
-         ("never executes code that ships in a model folder",)),
-    Case("remote_code_hf", ("model=hf", "model.hf_assets_path={tmp}/remote"), "model.hf_assets_path",
-         "has no auto_map", ("never executes code that ships in a model folder",)),
+    Case(
+        "rope_scaling_on_native",
+        ("model.flavor=auto", "model.hf_assets_path={tmp}/yarn"),
+        "model.hf_assets_path",
+        "for model=native: no rope_scaling",
+        ("RoPE scaling 'yarn'", "model=hf builds it"),
+    ),
+    Case(
+        "rope_scaling_next_to_flavor",
+        ("model.flavor=tiny", "model.hf_assets_path={tmp}/yarn"),
+        "model.hf_assets_path",
+        "for model=native: no rope_scaling",
+        ("RoPE scaling 'yarn'",),
+    ),
+    Case(
+        "remote_code_native",
+        ("model.hf_assets_path={tmp}/remote",),
+        "model.hf_assets_path",
+        "has no auto_map",
+        ("never executes code that ships in a model folder",),
+    ),
+    Case(
+        "remote_code_hf",
+        ("model=hf", "model.hf_assets_path={tmp}/remote"),
+        "model.hf_assets_path",
+        "has no auto_map",
+        ("never executes code that ships in a model folder",),
+    ),
     # pipeline parallelism: what torchtitan refuses inside a rank
-    Case("pp_with_tied_embeddings", ("parallelism.pp=2",), "parallelism.pp", "1 for a model with tied embeddings",
-         ("use model=hf",)),
-    Case("pp_more_stages_than_layers", ("model.flavor=tiny_moe", "launcher.nproc_per_node=8", "parallelism.pp=8"),
-         "parallelism.pp", "1..4", ("layers + embedding + output",)),
+    Case(
+        "pp_with_tied_embeddings",
+        ("parallelism.pp=2",),
+        "parallelism.pp",
+        "1 for a model with tied embeddings",
+        ("use model=hf",),
+    ),
+    Case(
+        "pp_more_stages_than_layers",
+        ("model.flavor=tiny_moe", "launcher.nproc_per_node=8", "parallelism.pp=8"),
+        "parallelism.pp",
+        "1..4",
+        ("layers + embedding + output",),
+    ),
     # this host: memory for the ranks' processes, cores for their threads
-    Case("cpu_ranks_exceed_host_memory", ("platform=cpu", "launcher.nproc_per_node=1000",
-                                          "platform.memory_per_rank_gib=1", "training.local_batch_size=1"),
-         "launcher.nproc_per_node", "rank(s) on this host", ("per-process runtime", "MemAvailable")),
-    Case("cpu_threads_oversubscribed",
-         ("platform=cpu", "launcher.nproc_per_node=1", "platform.threads_per_rank=1000"),
-         "platform.threads_per_rank", "ranks x threads per rank at most", ("threads per core",)),
+    Case(
+        "cpu_ranks_exceed_host_memory",
+        (
+            "platform=cpu",
+            "launcher.nproc_per_node=1000",
+            "platform.memory_per_rank_gib=1",
+            "training.local_batch_size=1",
+        ),
+        "launcher.nproc_per_node",
+        "rank(s) on this host",
+        ("per-process runtime", "MemAvailable"),
+    ),
+    Case(
+        "cpu_threads_oversubscribed",
+        ("platform=cpu", "launcher.nproc_per_node=1", "platform.threads_per_rank=1000"),
+        "platform.threads_per_rank",
+        "ranks x threads per rank at most",
+        ("threads per core",),
+    ),
 ]
 
 
@@ -204,12 +430,22 @@ def assets(tmp_path_factory) -> Path:
     big = tmp / "big_tokenizer"
     big.mkdir()
     tok = json.loads((TOKENIZER / "tokenizer.json").read_text())
-    tok["added_tokens"].append({"id": 5000, "content": "<|extra|>", "single_word": False, "lstrip": False,
-                                "rstrip": False, "normalized": False, "special": True})
+    tok["added_tokens"].append(
+        {
+            "id": 5000,
+            "content": "<|extra|>",
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+    )
     (big / "tokenizer.json").write_text(json.dumps(tok))
     shutil.copytree(CONF, tmp / "conf")
     (tmp / "conf" / "experiment" / "bad.yaml").write_text(
-        "# @package _global_\nname: bad\ntraining:\n  steps: 0\n  warmup_steps: 0\n")
+        "# @package _global_\nname: bad\ntraining:\n  steps: 0\n  warmup_steps: 0\n"
+    )
     # an experiment file without its package header: Hydra nests its keys under `experiment.`
     (tmp / "conf" / "experiment" / "headless.yaml").write_text("name: headless\ntraining:\n  steps: 5\n")
     _data_files(tmp / "data")
@@ -235,7 +471,8 @@ def _model_folders(tmp: Path) -> None:
     import numpy as np
     from safetensors.numpy import save_file
 
-    from qwen3exp.config.flavors import FLAVORS, hf_param_shapes
+    from qwen3exp.config.flavors import FLAVORS
+    from qwen3exp.config.hf_tensors import hf_param_shapes
 
     def folder(name: str, **config) -> Path:
         path = tmp / name
@@ -290,8 +527,10 @@ def _in_process(requests: Path, replies: Path) -> None:
         os.environ.clear()
         os.environ.update(env)
         GlobalHydra.instance().clear()
-        with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as o, \
-                tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as e:
+        with (
+            tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as o,
+            tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as e,
+        ):
             _flush()
             saved = [os.dup(1), os.dup(2)]
             os.dup2(o.fileno(), 1)
@@ -327,11 +566,14 @@ def _helper(rows: list[tuple[str, list[str]]], where: Path) -> dict[str, tuple]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests"), env.get("PYTHONPATH", "")])
     env.setdefault("HF_HUB_OFFLINE", "1")  # as run_cli
-    code = (f"import sys; from pathlib import Path; from test_bad_inputs import _in_process; "
-            f"_in_process(Path({str(requests)!r}), Path({str(replies)!r}))")
+    code = (
+        f"import sys; from pathlib import Path; from test_bad_inputs import _in_process; "
+        f"_in_process(Path({str(requests)!r}), Path({str(replies)!r}))"
+    )
     with log.open("w") as f:
-        proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT,
-                              timeout=1200)
+        proc = subprocess.run(
+            [sys.executable, "-c", code], cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=1200
+        )
     assert proc.returncode == 0 and replies.is_file(), log.read_text()[-3000:]
     return {k: tuple(v) for k, v in json.loads(replies.read_text()).items()}
 
@@ -383,8 +625,9 @@ def test_bad_input(case: Case, results):
     _check(case, *results[case.id])
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.id in END_TO_END],
-                         ids=[c.id for c in CASES if c.id in END_TO_END])
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c.id in END_TO_END], ids=[c.id for c in CASES if c.id in END_TO_END]
+)
 def test_bad_input_through_python_m(case: Case, results):
     """The same row through the real command line, `python -m qwen3exp ...` in a subprocess."""
     _check(case, *results[f"python -m {case.id}"])

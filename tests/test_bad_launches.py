@@ -34,12 +34,24 @@ class Case:
 
 CASES = [
     Case("interpolation_missing_key", ("name=${nope}",), "name", ("Interpolation key 'nope' not found",)),
-    Case("interpolation_cycle", ("training.steps=${training.warmup_steps}", "training.warmup_steps=${training.steps}"),
-         "training.", ("refers back to itself",)),
-    Case("interpolation_unset_env", ("training.lr=${oc.env:QWEN3EXP_TEST_UNSET_VAR}",), "training.lr",
-         ("QWEN3EXP_TEST_UNSET_VAR", "oc.env")),
-    Case("yaml_syntax_error", ("--config-path", "{tmp}/conf", "experiment=broken"), "(config file)",
-         ("broken.yaml", "YAML syntax error at line", "line 2, column")),
+    Case(
+        "interpolation_cycle",
+        ("training.steps=${training.warmup_steps}", "training.warmup_steps=${training.steps}"),
+        "training.",
+        ("refers back to itself",),
+    ),
+    Case(
+        "interpolation_unset_env",
+        ("training.lr=${oc.env:QWEN3EXP_TEST_UNSET_VAR}",),
+        "training.lr",
+        ("QWEN3EXP_TEST_UNSET_VAR", "oc.env"),
+    ),
+    Case(
+        "yaml_syntax_error",
+        ("--config-path", "{tmp}/conf", "experiment=broken"),
+        "(config file)",
+        ("broken.yaml", "YAML syntax error at line", "line 2, column"),
+    ),
     Case("override_without_key", ("=5",), "(command line)", ("needs a key before '='",)),
     Case("override_unparsable", ("training.lr==5",), "(command line)", ("cannot parse",)),
     Case("name_too_long", ("name=" + "a" * 300,), "name", ("at most",)),
@@ -48,14 +60,32 @@ CASES = [
     Case("run_dir_is_a_file", ("hydra.run.dir={tmp}/a_file",), "hydra.run.dir", ("is a file, not a directory",)),
     Case("run_dir_under_a_file", ("hydra.run.dir={tmp}/a_file/run",), "hydra.run.dir", ("cannot be created",)),
     Case("run_dir_read_only", ("hydra.run.dir={ro}/run",), "hydra.run.dir", ("read-only",), needs_mount=True),
-    Case("run_dir_disk_full", ("hydra.run.dir={small}/run",), "hydra.run.dir", ("free but the run writes about",),
-         needs_mount=True),
-    Case("slurm_controller_down", ("launcher=slurm",), "launcher",
-         ("reach", "SLURM controller"), env=(("SLURM_CONF", "{tmp}/slurm.conf"),)),
-    Case("unknown_launcher_plugin", ("-m", "hydra.launcher._target_=my.Launcher"), "hydra.launcher._target_",
-         ("qwen3exp runs every job through its own Hydra launcher", "hydra/launcher=qwen3exp")),
-    Case("unknown_sweeper_plugin", ("-m", "hydra.sweeper._target_=my.Sweeper"), "hydra.sweeper._target_",
-         ("is not an installed Hydra sweeper plugin", "BasicSweeper")),
+    Case(
+        "run_dir_disk_full",
+        ("hydra.run.dir={small}/run",),
+        "hydra.run.dir",
+        ("free but the run writes about",),
+        needs_mount=True,
+    ),
+    Case(
+        "slurm_controller_down",
+        ("launcher=slurm",),
+        "launcher",
+        ("reach", "SLURM controller"),
+        env=(("SLURM_CONF", "{tmp}/slurm.conf"),),
+    ),
+    Case(
+        "unknown_launcher_plugin",
+        ("-m", "hydra.launcher._target_=my.Launcher"),
+        "hydra.launcher._target_",
+        ("qwen3exp runs every job through its own Hydra launcher", "hydra/launcher=qwen3exp"),
+    ),
+    Case(
+        "unknown_sweeper_plugin",
+        ("-m", "hydra.sweeper._target_=my.Sweeper"),
+        "hydra.sweeper._target_",
+        ("is not an installed Hydra sweeper plugin", "BasicSweeper"),
+    ),
 ]
 
 
@@ -63,8 +93,10 @@ def _mount_tmpfs(where: Path, options: str) -> bool:
     where.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
         return False
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True).returncode
+        == 0
+    )
 
 
 @pytest.fixture(scope="module")
@@ -74,9 +106,11 @@ def assets(tmp_path_factory):
     (tmp / "conf" / "experiment" / "broken.yaml").write_text("name: broken\ntraining: [\n  steps: 3\n")
     (tmp / "a_file").write_text("not a directory\n")
     # A SLURM configuration whose controller is nobody (a closed port on loopback).
-    (tmp / "slurm.conf").write_text("ClusterName=nowhere\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=9\n"
-                                    "MessageTimeout=2\nNodeName=localhost CPUs=1\n"
-                                    "PartitionName=p Nodes=localhost Default=YES\n")
+    (tmp / "slurm.conf").write_text(
+        "ClusterName=nowhere\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=9\n"
+        "MessageTimeout=2\nNodeName=localhost CPUs=1\n"
+        "PartitionName=p Nodes=localhost Default=YES\n"
+    )
     mounts = []
     ro, small = tmp / "ro", tmp / "small"
     if _mount_tmpfs(ro, "ro,size=64m"):

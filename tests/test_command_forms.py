@@ -17,8 +17,12 @@ FORMS = [
     ("config_dir", ("--config-dir", "{conf}", "experiment=user_exp", "dry_run=true"), 0, "qwen3exp dry run: user_exp"),
     ("config_dir_eq", ("--config-dir={conf}", "experiment=user_exp", "dry_run=true"), 0, "qwen3exp dry run: user_exp"),
     ("cd", ("-cd", "{conf}", "experiment=user_exp", "dry_run=true"), 0, "qwen3exp dry run: user_exp"),
-    ("searchpath", ("hydra.searchpath=[file://{conf}]", "experiment=user_exp", "dry_run=true"), 0,
-     "qwen3exp dry run: user_exp"),
+    (
+        "searchpath",
+        ("hydra.searchpath=[file://{conf}]", "experiment=user_exp", "dry_run=true"),
+        0,
+        "qwen3exp dry run: user_exp",
+    ),
     ("run_flag", ("--run", "dry_run=true"), 0, "qwen3exp dry run"),
     ("r_flag", ("-r", "dry_run=true"), 0, "qwen3exp dry run"),
     ("multirun_dry", ("-m", "training.lr=1e-3,2e-3", "dry_run=true"), 0, "qwen3exp dry run"),
@@ -55,8 +59,9 @@ def outcomes(tmp_path_factory):
         name, args, _code, _text = form
         cwd = tmp / f"cwd_{name}"
         cwd.mkdir()
-        args = [a.replace("{conf}", str(conf)).replace("{tmp}", str(tmp)).replace("{shadow}", str(shadow))
-                for a in args]
+        args = [
+            a.replace("{conf}", str(conf)).replace("{tmp}", str(tmp)).replace("{shadow}", str(shadow)) for a in args
+        ]
         return name, (run_cli(*args, cwd=cwd, timeout=180), cwd)
 
     with ThreadPoolExecutor(max_workers=4) as pool:

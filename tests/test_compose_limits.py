@@ -51,7 +51,7 @@ def cli(user_repo, monkeypatch, capsys):
     from hydra.core.global_hydra import GlobalHydra
 
     from qwen3exp.cli import main
-    from qwen3exp.launchers.batch import COMMAND_ENV
+    from qwen3exp.launchers.job import COMMAND_ENV
 
     monkeypatch.chdir(user_repo)
     monkeypatch.delenv(COMMAND_ENV, raising=False)  # main() sets it: put back after the test
@@ -113,11 +113,15 @@ def test_a_50_mb_experiment_file_is_refused_before_parsing(cli, user_repo, user_
     _nothing_written(user_repo)
 
 
-@pytest.mark.parametrize("sweep", [
-    ("training.seed=range(0,100000000)",),
-    ("training.seed=range(0,10000)", "training.lr=range(0.001,0.01,0.000001)"),  # 10^4 x 9,000
-    ("training.seed=shuffle(range(0,100000000))",),
-], ids=["range", "product", "shuffled"])
+@pytest.mark.parametrize(
+    "sweep",
+    [
+        ("training.seed=range(0,100000000)",),
+        ("training.seed=range(0,10000)", "training.lr=range(0.001,0.01,0.000001)"),  # 10^4 x 9,000
+        ("training.seed=shuffle(range(0,100000000))",),
+    ],
+    ids=["range", "product", "shuffled"],
+)
 def test_a_sweep_of_1e8_points_is_refused_before_it_is_listed(cli, user_repo, sweep):
     code, _, err = cli("-m", *sweep, "dry_run=true")
     assert code == 2, err
@@ -125,13 +129,17 @@ def test_a_sweep_of_1e8_points_is_refused_before_it_is_listed(cli, user_repo, sw
     _nothing_written(user_repo)
 
 
-@pytest.mark.parametrize("args, key", [
-    (("launcher.nproc_per_node=100000000",), "launcher.nproc_per_node"),
-    (("launcher.nnodes=100000000", "launcher.rdzv_endpoint=node0:29500"), "launcher.nnodes"),
-    (("platform=cpu", "platform.ranks_per_node=100000000"), "platform.ranks_per_node"),
-    (("model.n_layers=100000000",), "model.n_layers"),
-    (("parallelism.dp_shard=100000000",), "parallelism.dp_shard"),
-], ids=lambda x: x[0] if isinstance(x, tuple) else None)
+@pytest.mark.parametrize(
+    "args, key",
+    [
+        (("launcher.nproc_per_node=100000000",), "launcher.nproc_per_node"),
+        (("launcher.nnodes=100000000", "launcher.rdzv_endpoint=node0:29500"), "launcher.nnodes"),
+        (("platform=cpu", "platform.ranks_per_node=100000000"), "platform.ranks_per_node"),
+        (("model.n_layers=100000000",), "model.n_layers"),
+        (("parallelism.dp_shard=100000000",), "parallelism.dp_shard"),
+    ],
+    ids=lambda x: x[0] if isinstance(x, tuple) else None,
+)
 def test_degrees_and_layers_of_1e8_are_refused_in_seconds(cli, user_repo, args, key):
     code, _, err = cli(*args, "dry_run=true")
     assert code == 2, err
@@ -142,7 +150,7 @@ def test_degrees_and_layers_of_1e8_are_refused_in_seconds(cli, user_repo, args, 
 def test_a_billion_steps_plans_in_seconds(cli):
     """The plan lists the validation steps: it counted them by listing every multiple of freq (in
     one C call that no signal interrupts: 18 s here, and memory in GiB)."""
-    from qwen3exp.config.compose import compose_experiment
+    from qwen3exp.config.composer import compose_experiment
     from qwen3exp.plan.render import validation_line
 
     exp = compose_experiment(["training.steps=1000000000"])
@@ -155,16 +163,22 @@ def test_a_billion_steps_plans_in_seconds(cli):
 
 
 # ------------------------------------------------------------------------------ placement
-@pytest.mark.parametrize("args, key", [
-    (("hydra.output_subdir={victim}",), "hydra.output_subdir"),
-    (("hydra.output_subdir={victim}", "dry_run=false"), "hydra.output_subdir"),  # a real launch: the same check
-    (("hydra.output_subdir=../../../victim",), "hydra.output_subdir"),
-    (("hydra.job.name=../../../victim/qwen3exp",), "hydra.job.name"),
-    (("hydra.job_logging.handlers.file.filename={victim}/log.txt", "dry_run=false"),
-     "hydra.job_logging.handlers.file.filename"),
-    (("-m", "hydra.sweep.subdir={victim}", "training.seed=1,2"), "hydra.sweep.subdir"),
-    (("-m", "hydra.sweep.subdir=../../../../victim", "training.seed=1,2", "dry_run=false"), "hydra.sweep.subdir"),
-], ids=lambda x: " ".join(x) if isinstance(x, tuple) else None)
+@pytest.mark.parametrize(
+    "args, key",
+    [
+        (("hydra.output_subdir={victim}",), "hydra.output_subdir"),
+        (("hydra.output_subdir={victim}", "dry_run=false"), "hydra.output_subdir"),  # a real launch: the same check
+        (("hydra.output_subdir=../../../victim",), "hydra.output_subdir"),
+        (("hydra.job.name=../../../victim/qwen3exp",), "hydra.job.name"),
+        (
+            ("hydra.job_logging.handlers.file.filename={victim}/log.txt", "dry_run=false"),
+            "hydra.job_logging.handlers.file.filename",
+        ),
+        (("-m", "hydra.sweep.subdir={victim}", "training.seed=1,2"), "hydra.sweep.subdir"),
+        (("-m", "hydra.sweep.subdir=../../../../victim", "training.seed=1,2", "dry_run=false"), "hydra.sweep.subdir"),
+    ],
+    ids=lambda x: " ".join(x) if isinstance(x, tuple) else None,
+)
 def test_hydra_placement_keys_stay_in_the_run_directory(cli, user_repo, args, key):
     """Each of these wrote into (or appended to) a file outside the run directory."""
     victim = user_repo / "victim"
@@ -182,15 +196,21 @@ def test_hydra_placement_keys_stay_in_the_run_directory(cli, user_repo, args, ke
 TOKEN = "tok3nVALUE"
 
 
-@pytest.mark.parametrize("args", [
-    ("metrics.wandb_host=https://user:tok3nVALUE@wandb.example",),  # an unknown key: its refusal printed it
-    ("metrics.wandb_project=https://user:tok3nVALUE@wandb.example",),  # a valid key: planned, printed, recorded
-    ("-m", "metrics.wandb_project=a,https://user:tok3nVALUE@wandb.example"),  # the second point of a sweep
-    ("-cd", "conf", "experiment=with_url"),  # in a file
-], ids=["unknown_key", "value", "sweep", "file"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("metrics.wandb_host=https://user:tok3nVALUE@wandb.example",),  # an unknown key: its refusal printed it
+        ("metrics.wandb_project=https://user:tok3nVALUE@wandb.example",),  # a valid key: planned, printed, recorded
+        ("-m", "metrics.wandb_project=a,https://user:tok3nVALUE@wandb.example"),  # the second point of a sweep
+        ("-cd", "conf", "experiment=with_url"),  # in a file
+    ],
+    ids=["unknown_key", "value", "sweep", "file"],
+)
 def test_url_credentials_in_values_are_refused_masked(cli, user_repo, user_file, args):
-    user_file("experiment/with_url.yaml", "# @package _global_\nname: with_url\nmetrics:\n"
-                                          f"  wandb_project: https://user:{TOKEN}@wandb.example\n")
+    user_file(
+        "experiment/with_url.yaml",
+        f"# @package _global_\nname: with_url\nmetrics:\n  wandb_project: https://user:{TOKEN}@wandb.example\n",
+    )
     code, out, err = cli(*args, "dry_run=true")
     assert code == 2, err
     assert TOKEN not in out + err and "https://***@wandb.example" in err, err
@@ -198,14 +218,17 @@ def test_url_credentials_in_values_are_refused_masked(cli, user_repo, user_file,
     _nothing_written(user_repo)
 
 
-@pytest.mark.parametrize("text", [
-    "- metrics.wandb_project=https\\://user\\:tok3nVALUE@host",  # as Hydra records an override
-    "- hydra.job.env_set.WANDB_API_KEY=tok3nVALUE more,tok3nVALUE",  # spaces and commas
-    "    env_set:\n      HF_TOKEN: tok3nVALUE b,tok3nVALUE\n      OTHER: 1\n",  # hydra.yaml
-    "{HF_TOKEN: tok3nVALUE tok3nVALUE, OTHER: 1}",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "- metrics.wandb_project=https\\://user\\:tok3nVALUE@host",  # as Hydra records an override
+        "- hydra.job.env_set.WANDB_API_KEY=tok3nVALUE more,tok3nVALUE",  # spaces and commas
+        "    env_set:\n      HF_TOKEN: tok3nVALUE b,tok3nVALUE\n      OTHER: 1\n",  # hydra.yaml
+        "{HF_TOKEN: tok3nVALUE tok3nVALUE, OTHER: 1}",
+    ],
+)
 def test_redaction_covers_escaped_urls_and_values_with_spaces(text):
-    from qwen3exp.run.provenance import redact_argv, redact_text
+    from qwen3exp.run.redact import redact_argv, redact_text
 
     assert TOKEN not in redact_text(text)
     assert TOKEN not in " ".join(redact_argv(text.splitlines()))
@@ -217,11 +240,17 @@ def test_hydra_records_of_env_set_values_are_redacted(tmp_path):
     and multirun.yaml: the redaction left everything after the first space or comma."""
     from omegaconf import OmegaConf
 
-    from qwen3exp.run.provenance import redact_hydra_record
+    from qwen3exp.run.redact import redact_hydra_record
 
     env_set = {"WANDB_API_KEY": f"{TOKEN} x,{TOKEN}", "HF_ENDPOINT": f"https://u:{TOKEN}@hub.example"}
-    cfg = OmegaConf.create({"hydra": {"job": {"env_set": env_set}, "overrides": {
-        "hydra": [f"+hydra.job.env_set.WANDB_API_KEY='{TOKEN} x,{TOKEN}'"]}}})
+    cfg = OmegaConf.create(
+        {
+            "hydra": {
+                "job": {"env_set": env_set},
+                "overrides": {"hydra": [f"+hydra.job.env_set.WANDB_API_KEY='{TOKEN} x,{TOKEN}'"]},
+            }
+        }
+    )
     OmegaConf.save(cfg, tmp_path / "multirun.yaml")
     assert TOKEN in (tmp_path / "multirun.yaml").read_text()
     redact_hydra_record(tmp_path, ("multirun.yaml",))
@@ -236,7 +265,7 @@ def test_multirun_yaml_holds_no_secret_while_the_jobs_are_checked(cli, user_repo
     from qwen3exp.launchers import batch
 
     seen: list[str] = []
-    check_job = batch.check_job
+    check_job = batch.check_job  # the launcher's own name for it (qwen3exp.launchers.points.check_job)
 
     def spy(cfg, files, overrides, **kw):
         seen.extend(p.read_text() for p in (user_repo / "outputs").rglob("multirun.yaml"))

@@ -31,8 +31,10 @@ REQUIRED: dict[str, list[str]] = {
 
 
 def _overrides(group: str, option: str, hf_checkpoint: str = "") -> list[str]:
-    return [f"{group}={option}", *(o.replace("{hf_checkpoint}", hf_checkpoint)
-                                   for o in REQUIRED.get(f"{group}/{option}", []))]
+    return [
+        f"{group}={option}",
+        *(o.replace("{hf_checkpoint}", hf_checkpoint) for o in REQUIRED.get(f"{group}/{option}", [])),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +97,7 @@ def _cli(repo, monkeypatch, capsys, *argv: str) -> tuple[int, str, str]:
     from hydra.core.global_hydra import GlobalHydra
 
     from qwen3exp.cli import main
-    from qwen3exp.launchers.batch import COMMAND_ENV
+    from qwen3exp.launchers.job import COMMAND_ENV
 
     monkeypatch.chdir(repo)
     monkeypatch.delenv(COMMAND_ENV, raising=False)  # main() sets it: put back after the test
@@ -120,16 +122,26 @@ def test_origins_of_every_kind_with_a_user_repo(user_repo, monkeypatch, capsys):
     """Each kind of origin, for the packaged files and for the user's `-cd` files (which were shown
     as the root config or the schema default), and errors repeat the right one."""
     conf = user_repo / "conf"
-    code, out, err = _cli(user_repo, monkeypatch, capsys, "-cd", "conf", "experiment=my_experiment",
-                          "platform=my_cpu", "training.lr=0.01", "dry_run=true")
+    code, out, err = _cli(
+        user_repo,
+        monkeypatch,
+        capsys,
+        "-cd",
+        "conf",
+        "experiment=my_experiment",
+        "platform=my_cpu",
+        "training.lr=0.01",
+        "dry_run=true",
+    )
     assert code == 0, err
     origin = _origins(out)
     assert origin["training.steps"] == f"experiment file {conf}/experiment/my_experiment.yaml"  # user's experiment
     assert origin["data.path"] == f"group file {conf}/data/my_data.yaml"  # user's option, chosen by the experiment
     assert origin["platform.name"] == f"group file {conf}/platform/my_cpu.yaml (chosen on the command line)"
     assert origin["platform.threads_per_rank"] == "schema default"  # my_cpu.yaml leaves it unset
-    assert origin["model.flavor"] == "group file conf/model/native.yaml"  # packaged option
-    assert origin["training.seed"] == "root config conf/config.yaml"
+    assert origin["model.backend"] == "group file conf/model/native.yaml"  # packaged option
+    assert origin["model.flavor"] == "schema default"  # every default has one home: the schema
+    assert origin["training.seed"] == "schema default"
     assert origin["training.lr"] == "command line training.lr=0.01"
 
     code, out, err = _cli(user_repo, monkeypatch, capsys, "-cd", "conf", "dry_run=true")

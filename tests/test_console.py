@@ -49,32 +49,43 @@ def test_every_silenced_entry_matches_a_real_line_and_has_a_reason():
 
 def test_filter_hides_known_lines_and_info_but_shows_the_rest():
     f = noise.RankFilter(verbose=False)
-    shown = [line for line in [
-        REAL[7], "[default0]:  if not is_rng_supported_mesh(device_mesh):",  # the warning's source line
-        "[default0]:[titan] 2026-12-01 18:29:14,485 - root - INFO - Building device mesh with parallelism: pp=1",
-        "[default0]:[titan] 2026-12-01 18:29:14,485 - root - WARNING - Something new happened",
-        "[default0]:/x/y.py:3: FutureWarning: an unknown warning",
-        "[default0]:  its source line",
-        "[default0]:Traceback (most recent call last):",
-        "[default0]:  File \"/x/y.py\", line 3, in <module>",
-        "[default0]:RuntimeError: boom",
-    ] if f.shows(noise.parse(line))]
+    shown = [
+        line
+        for line in [
+            REAL[7],
+            "[default0]:  if not is_rng_supported_mesh(device_mesh):",  # the warning's source line
+            "[default0]:[titan] 2026-12-01 18:29:14,485 - root - INFO - Building device mesh with parallelism: pp=1",
+            "[default0]:[titan] 2026-12-01 18:29:14,485 - root - WARNING - Something new happened",
+            "[default0]:/x/y.py:3: FutureWarning: an unknown warning",
+            "[default0]:  its source line",
+            "[default0]:Traceback (most recent call last):",
+            '[default0]:  File "/x/y.py", line 3, in <module>',
+            "[default0]:RuntimeError: boom",
+        ]
+        if f.shows(noise.parse(line))
+    ]
     assert shown == [
         "[default0]:[titan] 2026-12-01 18:29:14,485 - root - WARNING - Something new happened",
         "[default0]:/x/y.py:3: FutureWarning: an unknown warning",
         "[default0]:  its source line",
         "[default0]:Traceback (most recent call last):",
-        "[default0]:  File \"/x/y.py\", line 3, in <module>",
+        '[default0]:  File "/x/y.py", line 3, in <module>',
         "[default0]:RuntimeError: boom",
     ]
     assert f.hidden == {"known warnings": 2, "torchtitan info lines": 1}
     assert "2 known warnings, 1 torchtitan info lines" in f.summary()
     # A rank's stdout and stderr interleave: a torchtitan line between a known warning and its
     # source line (a resumed run, issue 22) does not let the source line through; an empty line says nothing.
-    assert not [line for line in [
-        REAL[9], "[default0]:[titan] 2026-12-01 18:29:14,485 - root - INFO - Loading the checkpoint from /c/step-2.",
-        '[default0]:  torch.set_vital("Dataloader", "enabled", "True")  # type: ignore[attr-defined]', "[default0]:",
-    ] if f.shows(noise.parse(line))]
+    assert not [
+        line
+        for line in [
+            REAL[9],
+            "[default0]:[titan] 2026-12-01 18:29:14,485 - root - INFO - Loading the checkpoint from /c/step-2.",
+            '[default0]:  torch.set_vital("Dataloader", "enabled", "True")  # type: ignore[attr-defined]',
+            "[default0]:",
+        ]
+        if f.shows(noise.parse(line))
+    ]
     verbose = noise.RankFilter(verbose=True)
     assert all(verbose.shows(noise.parse(line)) for line in REAL) and verbose.summary() is None
 
@@ -110,8 +121,10 @@ def test_progress_lines_with_eta(tmp_path):
     assert said[0] == ("qwen3exp: step 1/10 (10%)  loss 7.5000  4,816 tok/s  0.97 GiB  elapsed 0:02  ETA 0:14", True)
     assert said[1] == ("qwen3exp: validation at step 1: loss 7.2500, perplexity 1,408.1", False)
     # 2 s between the two steps seen: 8 steps left, 16 s
-    assert said[2] == ("qwen3exp: step 2/10 (20%)  loss 7.5000  val 7.2500  4,816 tok/s  0.97 GiB  elapsed 0:04  "
-                       "ETA 0:16", True)
+    assert said[2] == (
+        "qwen3exp: step 2/10 (20%)  loss 7.5000  val 7.2500  4,816 tok/s  0.97 GiB  elapsed 0:04  ETA 0:16",
+        True,
+    )
     assert progress.clock(3725) == "1:02:05" and progress.clock(None) == "?"
 
 
@@ -135,8 +148,11 @@ def test_watch_shows_nothing_of_the_ranks_once_they_are_stopped(tmp_path, caplog
     with caplog.at_level(logging.DEBUG, logger="qwen3exp"):
         watch.line("[default0]:RuntimeError: a real error\n")
         stopping[0] = True
-        for line in ["W1202 03:59:37.601000 5504 api.py:753] Received 15 death signal, shutting down workers",
-                     "Traceback (most recent call last):", "SignalException: Process 5504 got signal: 15"]:
+        for line in [
+            "W1202 03:59:37.601000 5504 api.py:753] Received 15 death signal, shutting down workers",
+            "Traceback (most recent call last):",
+            "SignalException: Process 5504 got signal: 15",
+        ]:
             watch.line(line + "\n")
         watch.finish()
     shown = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
@@ -149,19 +165,26 @@ def test_rerun_command_resumes_in_the_run_directory_or_starts_anew():
     from qwen3exp.run.provenance import Origin
 
     run = Origin(command=["python", "-m", "qwen3exp", "checkpoint=dcp", "hydra.run.dir=old dir"])
-    assert rerun_command(run, Path("/r/a b"), same_dir=True) == \
-        "python -m qwen3exp checkpoint=dcp 'hydra.run.dir='\"'\"'/r/a b'\"'\"''"
+    assert (
+        rerun_command(run, Path("/r/a b"), same_dir=True)
+        == "python -m qwen3exp checkpoint=dcp 'hydra.run.dir='\"'\"'/r/a b'\"'\"''"
+    )
     assert rerun_command(run, Path("/r/x"), same_dir=False) == "python -m qwen3exp checkpoint=dcp"
-    sweep = Origin(command=["python", "-m", "qwen3exp", "-m", "training.lr=1e-3,3e-3"], mode="MULTIRUN",
-                   sweep_dir="/s")
-    assert rerun_command(sweep, Path("/s/0"), same_dir=True) == \
-        "python -m qwen3exp -m training.lr=1e-3,3e-3 hydra.sweep.dir=/s"
+    sweep = Origin(command=["python", "-m", "qwen3exp", "-m", "training.lr=1e-3,3e-3"], mode="MULTIRUN", sweep_dir="/s")
+    assert (
+        rerun_command(sweep, Path("/s/0"), same_dir=True)
+        == "python -m qwen3exp -m training.lr=1e-3,3e-3 hydra.sweep.dir=/s"
+    )
 
 
 def _record(text, **extra):
-    return logging.LogRecord("qwen3exp.launch", logging.INFO, __file__, 1, text, None, None) if not extra else \
-        logging.makeLogRecord({"name": "qwen3exp.launch", "levelno": logging.INFO, "levelname": "INFO",
-                               "msg": text, **extra})
+    return (
+        logging.LogRecord("qwen3exp.launch", logging.INFO, __file__, 1, text, None, None)
+        if not extra
+        else logging.makeLogRecord(
+            {"name": "qwen3exp.launch", "levelno": logging.INFO, "levelname": "INFO", "msg": text, **extra}
+        )
+    )
 
 
 class _Tty(io.StringIO):

@@ -24,16 +24,29 @@ from runprocs import kill_leftovers, launch_seconds
 pytestmark = pytest.mark.slow
 
 STEPS = 12
-ARGS = ("checkpoint=dcp", "checkpoint.interval=2", "checkpoint.keep_latest_k=0", f"training.steps={STEPS}",
-        "training.warmup_steps=2", "training.seq_len=64", "training.local_batch_size=4", "metrics.tensorboard=false")
+ARGS = (
+    "checkpoint=dcp",
+    "checkpoint.interval=2",
+    "checkpoint.keep_latest_k=0",
+    f"training.steps={STEPS}",
+    "training.warmup_steps=2",
+    "training.seq_len=64",
+    "training.local_batch_size=4",
+    "metrics.tensorboard=false",
+)
 
 
 def _interrupt_after_first_checkpoint(run_dir: Path, log: Path, timeout: float = 300) -> int:
     """Start the run, Ctrl-C (SIGINT) the launcher once checkpoint step-2 is complete; returns its
     exit code (its output is in `log`)."""
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "qwen3exp", *ARGS, f"hydra.run.dir={run_dir}"], cwd=REPO,
-                                env=_env(), stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "qwen3exp", *ARGS, f"hydra.run.dir={run_dir}"],
+            cwd=REPO,
+            env=_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + timeout
     try:
         while rundir.latest_checkpoint_step(run_dir) is None:  # step-2 saved and signed by every rank
@@ -64,9 +77,21 @@ def test_killed_run_resumes_exactly(tmp_path):
     reference, log = tmp_path / "uninterrupted", tmp_path / "uninterrupted.log"
     keep = [a for a in ARGS if not a.startswith(("checkpoint.interval=", "checkpoint.keep_latest_k="))]
     with log.open("w") as out:
-        ref = subprocess.Popen([sys.executable, "-m", "qwen3exp", *keep, "checkpoint.interval=1",
-                                "checkpoint.keep_latest_k=2", f"hydra.run.dir={reference}"], cwd=REPO,
-                               env={"HF_HUB_OFFLINE": "1", **_env()}, stdout=out, stderr=subprocess.STDOUT)
+        ref = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "qwen3exp",
+                *keep,
+                "checkpoint.interval=1",
+                "checkpoint.keep_latest_k=2",
+                f"hydra.run.dir={reference}",
+            ],
+            cwd=REPO,
+            env={"HF_HUB_OFFLINE": "1", **_env()},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         run_dir, stopped_log = tmp_path / "killed", tmp_path / "killed.log"
         killed_code = _interrupt_after_first_checkpoint(run_dir, stopped_log)
@@ -117,13 +142,15 @@ def _stopped_quietly(out: str, run_dir: Path, saved: int, last: dict) -> list[st
     Returns the command it names."""
     assert "Traceback" not in out and "SignalException" not in out, out[-3000:]
     lines = out.splitlines()
-    after = lines[next(i for i, line in enumerate(lines) if line.startswith("qwen3exp: step ")):]
+    after = lines[next(i for i, line in enumerate(lines) if line.startswith("qwen3exp: step ")) :]
     assert all(line.startswith("qwen3exp: ") for line in after), out[-3000:]
-    final = (f"qwen3exp: interrupted by Ctrl-C after step {last['step']}/{STEPS} (loss {last['loss']:.4f}); "
-             f"checkpoint step-{saved} is saved; to resume: ")
+    final = (
+        f"qwen3exp: interrupted by Ctrl-C after step {last['step']}/{STEPS} (loss {last['loss']:.4f}); "
+        f"checkpoint step-{saved} is saved; to resume: "
+    )
     assert lines[-1].startswith(final), lines[-1]
     assert sum(line.startswith("qwen3exp: interrupted") for line in lines) == 1
-    return shlex.split(lines[-1][len(final):])
+    return shlex.split(lines[-1][len(final) :])
 
 
 def test_rerun_of_a_different_experiment_is_refused(tmp_path):

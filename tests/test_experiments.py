@@ -50,8 +50,12 @@ def plan(name: str, *overrides: str):
 
 
 def test_the_walkthrough_files_exist():
-    assert set(TRN2) >= {"trn2_qwen3_4b_native", "trn2_qwen3_4b_hf", "trn2_qwen3_30b_a3b_nki_moe",
-                         "trn2_qwen3_4b_nki_rope"}
+    assert set(TRN2) >= {
+        "trn2_qwen3_4b_native",
+        "trn2_qwen3_4b_hf",
+        "trn2_qwen3_30b_a3b_nki_moe",
+        "trn2_qwen3_4b_nki_rope",
+    }
     assert set(TWINS) >= {"tiny_native", "tiny_hf", "tiny_moe_nki", "tiny_nki_rope"}
 
 
@@ -108,9 +112,11 @@ def test_kernel_overrides_replace_one_module_per_layer(name):
     exp, prep = plan(name)
     n_layers = prep.files.arch.n_layers
     claimed = {o["key"]: len(o["nodes"]) for o in prep.overrides}
-    expected = {k: n_layers
-                for k, impl in (("kernels.rope", exp.kernels.rope.impl), ("kernels.moe", exp.kernels.moe.impl))
-                if impl == "nki"}
+    expected = {
+        k: n_layers
+        for k, impl in (("kernels.rope", exp.kernels.rope.impl), ("kernels.moe", exp.kernels.moe.impl))
+        if impl == "nki"
+    }
     assert claimed == expected
     if name == "trn2_qwen3_4b_nki_rope":
         assert claimed == {"kernels.rope": 36}
@@ -137,8 +143,14 @@ def test_trn2_4b_is_the_published_architecture(name):
     """The checkpoint's own config.json decides (rope theta 5e6, not the built-in 4B flavor's 1e6)."""
     _, prep = plan(name)
     arch = prep.files.arch
-    assert (arch.n_layers, arch.dim, arch.n_heads, arch.n_kv_heads, arch.head_dim, arch.hidden_dim) == \
-        (36, 2560, 32, 8, 128, 9728)
+    assert (arch.n_layers, arch.dim, arch.n_heads, arch.n_kv_heads, arch.head_dim, arch.hidden_dim) == (
+        36,
+        2560,
+        32,
+        8,
+        128,
+        9728,
+    )
     assert (arch.vocab_size, arch.tied, arch.rope_theta) == (151936, True, 5e6)
 
 
@@ -184,11 +196,28 @@ def twin_runs(tmp_path_factory):
     """Every twin trained for 3 steps through the real command line, the runs started side by side."""
     root = tmp_path_factory.mktemp("twins")
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
-    procs = {twin: subprocess.Popen(
-        [sys.executable, "-m", "qwen3exp", f"experiment={twin}", "training.steps=3", "training.warmup_steps=1",
-         "training.seq_len=128", "training.local_batch_size=4", "metrics.tensorboard=false",
-         f"hydra.run.dir={root / twin}"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for twin in TRAINED_TWINS}
+    procs = {
+        twin: subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "qwen3exp",
+                f"experiment={twin}",
+                "training.steps=3",
+                "training.warmup_steps=1",
+                "training.seq_len=128",
+                "training.local_batch_size=4",
+                "metrics.tensorboard=false",
+                f"hydra.run.dir={root / twin}",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for twin in TRAINED_TWINS
+    }
     outputs = {twin: p.communicate(timeout=1200)[0] for twin, p in procs.items()}
     return {twin: (root / twin, procs[twin].returncode, outputs[twin]) for twin in TRAINED_TWINS}
 
@@ -210,5 +239,4 @@ def test_cpu_twin_trains_here(twin, twin_runs):
     if exp.checkpoint.kind in ("hf_export", "hf_roundtrip"):  # the twin of an export checks it too
         assert summary["export"]["ok"] and summary["export"]["unexpected_keys"] == []
     # the overrides really applied at run time (torchtitan's own log lines), one per layer
-    assert {o["key"]: o["applied"] for o in summary["overrides"]} == \
-        {o["key"]: len(o["nodes"]) for o in prep.overrides}
+    assert {o["key"]: o["applied"] for o in summary["overrides"]} == {o["key"]: len(o["nodes"]) for o in prep.overrides}

@@ -57,8 +57,13 @@ def test_sigterm_stops_every_rank(run_dir, tmp_path):
 def test_ctrl_c_stops_every_rank_while_one_is_stuck(run_dir, tmp_path):
     # Rank 1 stops making progress at step 3; rank 0 then waits for it inside a gloo collective,
     # where a KeyboardInterrupt cannot reach it: the hard case for Ctrl-C.
-    proc = start_cli(*LONG, f"hydra.run.dir={run_dir}", log=tmp_path / "log",
-                     QWEN3EXP_FAULT_HANG_AT_STEP="3", QWEN3EXP_FAULT_RANK="1")
+    proc = start_cli(
+        *LONG,
+        f"hydra.run.dir={run_dir}",
+        log=tmp_path / "log",
+        QWEN3EXP_FAULT_HANG_AT_STEP="3",
+        QWEN3EXP_FAULT_RANK="1",
+    )
     wait_for(lambda: metric_rows(run_dir) >= 2, proc=proc, what="two training steps")
     time.sleep(1.0)  # rank 0 is now blocked in step 3's collective
     assert metric_rows(run_dir) == 2  # ... and really stuck
@@ -80,15 +85,17 @@ def _stopped_quietly(out: str, how: str, summary: dict, run_dir: Path) -> None:
     assert lines[-1] == (
         f"qwen3exp: interrupted by {how} after step {step}/400 (loss {loss:.4f}); "
         "nothing is saved (checkpoint=none keeps no checkpoints); to start again: "
-        + shlex.join([sys.executable, "-m", "qwen3exp", *LONG])), lines[-1]  # a new directory: none is reused
+        + shlex.join([sys.executable, "-m", "qwen3exp", *LONG])
+    ), lines[-1]  # a new directory: none is reused
     assert sum(line.startswith("qwen3exp: interrupted") for line in lines) == 1
     assert str(run_dir) in out  # the first line names the run directory
 
 
 @slow
 def test_a_rank_that_raises_fails_the_job_fast_with_its_own_error(run_dir, reference_losses):
-    r = run_cli(*TINY, f"hydra.run.dir={run_dir}",
-                env={"QWEN3EXP_FAULT_RAISE_AT_STEP": "3", "QWEN3EXP_FAULT_RANK": "1"})
+    r = run_cli(
+        *TINY, f"hydra.run.dir={run_dir}", env={"QWEN3EXP_FAULT_RAISE_AT_STEP": "3", "QWEN3EXP_FAULT_RANK": "1"}
+    )
     assert r.returncode == 1, r.stderr[-3000:]
     assert_no_survivors(run_dir)
     s = read_summary(run_dir)
@@ -106,8 +113,12 @@ def test_a_rank_that_raises_fails_the_job_fast_with_its_own_error(run_dir, refer
 def test_a_rank_killed_by_sigkill_is_named_as_the_root_cause(run_dir):
     """kill -9 of rank 0 mid-run: rank 0 writes nothing, rank 1 fails in its next collective with
     "Connection reset by peer" (and writes that); the summary must blame rank 0 and SIGKILL."""
-    r = run_cli(*TINY, "training.steps=4", f"hydra.run.dir={run_dir}",
-                env={"QWEN3EXP_FAULT_KILL_AT_STEP": "3", "QWEN3EXP_FAULT_RANK": "0"})
+    r = run_cli(
+        *TINY,
+        "training.steps=4",
+        f"hydra.run.dir={run_dir}",
+        env={"QWEN3EXP_FAULT_KILL_AT_STEP": "3", "QWEN3EXP_FAULT_RANK": "0"},
+    )
     assert r.returncode == 1, r.stderr[-3000:]
     assert_no_survivors(run_dir)
     s = read_summary(run_dir)
@@ -119,8 +130,12 @@ def test_a_rank_killed_by_sigkill_is_named_as_the_root_cause(run_dir):
         assert "; rank 1 then failed: " in s["error"], s["error"]
     (record,) = [json.loads(p.read_text()) for p in (run_dir / "logs").glob("agent_failures_node*.json")]
     killed = next(f for f in record["failures"] if f["rank"] == 0)
-    assert (killed["signal"], killed["exitcode"], killed["local_rank"], killed["stopped_by_agent"]) == \
-        ("SIGKILL", -9, 0, False)
+    assert (killed["signal"], killed["exitcode"], killed["local_rank"], killed["stopped_by_agent"]) == (
+        "SIGKILL",
+        -9,
+        0,
+        False,
+    )
 
 
 DCP = (CONF / "checkpoint" / "dcp.yaml").is_file()
@@ -138,10 +153,14 @@ def test_sigkill_of_the_launcher_then_a_relaunch_resumes(run_dir, tmp_path, refe
     kill half and then reports itself as skipped."""
     args = (*TINY, *CKPT)
     # Rank 1 hangs at step 5, so the kill lands after checkpoint step-4 and before step 5.
-    proc = start_cli(*args, f"hydra.run.dir={run_dir}", log=tmp_path / "log",
-                     QWEN3EXP_FAULT_HANG_AT_STEP="5", QWEN3EXP_FAULT_RANK="1")
-    ready = (lambda: rundir.latest_checkpoint_step(run_dir) == 4) if DCP \
-        else (lambda: metric_rows(run_dir) >= 4)
+    proc = start_cli(
+        *args,
+        f"hydra.run.dir={run_dir}",
+        log=tmp_path / "log",
+        QWEN3EXP_FAULT_HANG_AT_STEP="5",
+        QWEN3EXP_FAULT_RANK="1",
+    )
+    ready = (lambda: rundir.latest_checkpoint_step(run_dir) == 4) if DCP else (lambda: metric_rows(run_dir) >= 4)
     wait_for(ready, proc=proc, what="checkpoint step 4" if DCP else "four training steps")
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
@@ -200,8 +219,15 @@ def test_a_disk_that_fills_during_training_still_gets_its_summary(small_disk, tm
     """Issue 22: a full disk left no summary.json (the launcher's own write failed too). The disk
     fills after checkpoint step-1; the next save fails in the rank."""
     run_dir = small_disk / "run"
-    proc = start_cli(*LONG, "launcher.nproc_per_node=1", "validation.enable=false", "checkpoint=dcp",
-                     "checkpoint.interval=1", f"hydra.run.dir={run_dir}", log=tmp_path / "log")
+    proc = start_cli(
+        *LONG,
+        "launcher.nproc_per_node=1",
+        "validation.enable=false",
+        "checkpoint=dcp",
+        "checkpoint.interval=1",
+        f"hydra.run.dir={run_dir}",
+        log=tmp_path / "log",
+    )
     wait_for(lambda: rundir.latest_checkpoint_step(run_dir) is not None, proc=proc, what="checkpoint step-1")
     _fill(small_disk)
     code = proc.wait(timeout=120)
@@ -218,16 +244,29 @@ def test_a_disk_that_fills_during_training_still_gets_its_summary(small_disk, tm
 # ------------------------------------------------------- the root cause, from recorded failures
 def _record(logs: Path, node: int, *failures: dict, started: float = 100.0) -> None:
     logs.mkdir(parents=True, exist_ok=True)
-    rows = [{"local_rank": f["rank"], "node": node, "pid": 1000 + f["rank"], "time": 200, "error_file": None,
-             "stopped_by_agent": False, "signal": agent.signal_name(f["exitcode"]), **f} for f in failures]
-    (logs / f"agent_failures_node{node}.json").write_text(json.dumps(
-        {"node": node, "agent_pid": 1, "agent_started": started, "written": 201.0, "failures": rows}))
+    rows = [
+        {
+            "local_rank": f["rank"],
+            "node": node,
+            "pid": 1000 + f["rank"],
+            "time": 200,
+            "error_file": None,
+            "stopped_by_agent": False,
+            "signal": agent.signal_name(f["exitcode"]),
+            **f,
+        }
+        for f in failures
+    ]
+    (logs / f"agent_failures_node{node}.json").write_text(
+        json.dumps({"node": node, "agent_pid": 1, "agent_started": started, "written": 201.0, "failures": rows})
+    )
 
 
 def _error(logs: Path, rank: int, type_: str, message: str, at: float) -> None:
     logs.mkdir(parents=True, exist_ok=True)
-    (logs / f"error_rank{rank}.json").write_text(json.dumps(
-        {"rank": rank, "time": at, "type": type_, "message": message, "traceback": ""}))
+    (logs / f"error_rank{rank}.json").write_text(
+        json.dumps({"rank": rank, "time": at, "type": type_, "message": message, "traceback": ""})
+    )
 
 
 RESET = "[../third_party/gloo/gloo/transport/tcp/pair.cc:544] Read error [127.0.0.1]:41234: Connection reset by peer"
@@ -237,7 +276,8 @@ def test_root_cause_a_killed_rank_comes_before_the_errors_it_caused(tmp_path):
     _record(tmp_path, 0, {"rank": 0, "exitcode": -9}, {"rank": 1, "exitcode": 1})
     _error(tmp_path, 1, "RuntimeError", RESET, at=150.0)
     assert agent.root_cause(tmp_path) == (
-        f"rank 0 (node 0, pid 1000) was killed by SIGKILL; rank 1 then failed: RuntimeError: {RESET}")
+        f"rank 0 (node 0, pid 1000) was killed by SIGKILL; rank 1 then failed: RuntimeError: {RESET}"
+    )
 
 
 def test_root_cause_ranks_the_agent_stopped_are_not_causes(tmp_path):
@@ -251,14 +291,19 @@ def test_root_cause_a_rank_gone_without_an_error_report(tmp_path):
     _record(tmp_path, 0, {"rank": 0, "exitcode": 3})
     _error(tmp_path, 1, "RuntimeError", "Connection closed by peer [127.0.0.1]:1234", at=150.0)
     assert agent.root_cause(tmp_path).startswith(
-        "rank 0 (node 0, pid 1000) exited with code 3 and left no error report; rank 1 then failed: ")
+        "rank 0 (node 0, pid 1000) exited with code 3 and left no error report; rank 1 then failed: "
+    )
 
 
 def test_root_cause_across_nodes(tmp_path):
     # Node 1's rank 3 was killed; node 0's ranks only saw their peer vanish.
     _record(tmp_path, 0, {"rank": 0, "exitcode": 1}, {"rank": 1, "exitcode": 1})
-    _record(tmp_path, 1, {"rank": 3, "local_rank": 1, "exitcode": -9},
-            {"rank": 2, "local_rank": 0, "exitcode": -15, "stopped_by_agent": True})
+    _record(
+        tmp_path,
+        1,
+        {"rank": 3, "local_rank": 1, "exitcode": -9},
+        {"rank": 2, "local_rank": 0, "exitcode": -15, "stopped_by_agent": True},
+    )
     _error(tmp_path, 0, "RuntimeError", RESET, at=150.0)
     _error(tmp_path, 1, "DistNetworkError", "failed to recv, got 0 bytes", at=150.5)
     assert agent.root_cause(tmp_path).startswith("rank 3 (node 1, pid 1003) was killed by SIGKILL; rank 0 then failed")

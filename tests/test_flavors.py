@@ -14,9 +14,17 @@ def _arch_of_torchtitan(flavor: str) -> dict:
     cfg = qwen3_configs[flavor]("flex")
     layer = cfg.layers[0]
     att = layer.attention
-    out = dict(n_layers=len(cfg.layers), dim=cfg.dim, n_heads=att.n_heads, n_kv_heads=att.n_kv_heads,
-               head_dim=att.head_dim, vocab_size=cfg.vocab_size, tied=cfg.enable_weight_tying,
-               rope_theta=att.rope.theta, max_seq_len=att.rope.max_seq_len)
+    out = dict(
+        n_layers=len(cfg.layers),
+        dim=cfg.dim,
+        n_heads=att.n_heads,
+        n_kv_heads=att.n_kv_heads,
+        head_dim=att.head_dim,
+        vocab_size=cfg.vocab_size,
+        tied=cfg.enable_weight_tying,
+        rope_theta=att.rope.theta,
+        max_seq_len=att.rope.max_seq_len,
+    )
     if layer.moe is not None:
         ex = layer.moe.routed_experts.inner_experts
         out.update(num_experts=ex.num_experts, top_k=layer.moe.router.top_k, moe_hidden=ex.hidden_dim)
@@ -34,9 +42,17 @@ def test_table_lists_every_torchtitan_flavor():
 @pytest.mark.parametrize("flavor", sorted(TORCHTITAN_FLAVORS))
 def test_flavor_matches_torchtitan(flavor):
     a = FLAVORS[flavor]
-    mine = dict(n_layers=a.n_layers, dim=a.dim, n_heads=a.n_heads, n_kv_heads=a.n_kv_heads,
-                head_dim=a.head_dim, vocab_size=a.vocab_size, tied=a.tied, rope_theta=a.rope_theta,
-                max_seq_len=a.max_seq_len)
+    mine = dict(
+        n_layers=a.n_layers,
+        dim=a.dim,
+        n_heads=a.n_heads,
+        n_kv_heads=a.n_kv_heads,
+        head_dim=a.head_dim,
+        vocab_size=a.vocab_size,
+        tied=a.tied,
+        rope_theta=a.rope_theta,
+        max_seq_len=a.max_seq_len,
+    )
     if a.moe is not None:
         mine.update(num_experts=a.moe.num_experts, top_k=a.moe.top_k, moe_hidden=a.moe.hidden_dim)
     else:

@@ -31,8 +31,11 @@ def test_default_conversion_matches_golden(tmp_path):
     from qwen3exp.titan.job_config import to_torchtitan
 
     prep = prepare(validate_experiment(compose("platform=cpu")))
-    got = _normalise(to_torchtitan(prep.exp, prep.facts, tmp_path).to_dict(), str(tmp_path),
-                     str(Path(__file__).resolve().parent.parent))
+    got = _normalise(
+        to_torchtitan(prep.exp, prep.facts, tmp_path).to_dict(),
+        str(tmp_path),
+        str(Path(__file__).resolve().parent.parent),
+    )
     got = json.loads(json.dumps(got))  # tuples -> lists, as stored
     if os.environ.get("QWEN3EXP_UPDATE_GOLDEN"):
         GOLDEN.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")

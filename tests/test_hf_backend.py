@@ -26,8 +26,13 @@ def _build(cls, folder: Path, seq_len: int = 64):
     from torchtitan.experiments.transformers_modeling_backend import TitanModelConfig
 
     config = cls.Config(model_config=TitanModelConfig(attn_mask_type="block_causal"))
-    job = SimpleNamespace(hf_model=str(folder), training=SimpleNamespace(seq_len=seq_len), parallelism=None,
-                          debug=SimpleNamespace(deterministic=False), loss=SimpleNamespace())
+    job = SimpleNamespace(
+        hf_model=str(folder),
+        training=SimpleNamespace(seq_len=seq_len),
+        parallelism=None,
+        debug=SimpleNamespace(deterministic=False),
+        loss=SimpleNamespace(),
+    )
     config.update_from_config(config=job)
     with torch.device("meta"):
         model = config.build()
@@ -79,7 +84,7 @@ def test_sdpa_document_mask_matches_transformers_per_document(ckpt):
         logits = model(ids, positions=positions)
         for row, (a, _) in enumerate(lengths):
             for lo, hi in ((0, a), (a, 24)):
-                alone = reference(input_ids=ids[row:row + 1, lo:hi]).logits[0]
+                alone = reference(input_ids=ids[row : row + 1, lo:hi]).logits[0]
                 torch.testing.assert_close(logits[row, lo:hi], alone, rtol=1e-4, atol=1e-4)
 
 

@@ -27,15 +27,22 @@ from runprocs import launch_seconds
 pytestmark = pytest.mark.slow
 
 TOL = 1e-4
-SMALL = ("training.steps=2", "training.warmup_steps=1", "training.seq_len=64", "training.local_batch_size=4",
-         "metrics.tensorboard=false")
+SMALL = (
+    "training.steps=2",
+    "training.warmup_steps=1",
+    "training.seq_len=64",
+    "training.local_batch_size=4",
+    "metrics.tensorboard=false",
+)
 
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hf")
-    return {"untied": write_checkpoint(root / "untied", tied=False, seed=1),
-            "tied": write_checkpoint(root / "tied", tied=True, seed=2)}
+    return {
+        "untied": write_checkpoint(root / "untied", tied=False, seed=1),
+        "tied": write_checkpoint(root / "tied", tied=True, seed=2),
+    }
 
 
 def _train(run_dir: Path, *overrides: str) -> dict:
@@ -98,8 +105,16 @@ def test_native_auto_loads_untied_checkpoint_and_exports(run_a, ckpts, reference
     folder = _check_export(s, tied=False)
     cfg = json.loads((folder / "config.json").read_text())
     src = json.loads((ckpts["untied"] / "config.json").read_text())
-    for key in ("hidden_size", "head_dim", "intermediate_size", "rms_norm_eps", "rope_parameters", "vocab_size",
-                "tie_word_embeddings", "eos_token_id"):
+    for key in (
+        "hidden_size",
+        "head_dim",
+        "intermediate_size",
+        "rms_norm_eps",
+        "rope_parameters",
+        "vocab_size",
+        "tie_word_embeddings",
+        "eos_token_id",
+    ):
         assert cfg[key] == src[key], key
     assert cfg["dtype"] == "bfloat16"
 
@@ -116,8 +131,13 @@ def test_restart_from_export_matches_transformers(run_a, ckpts, tmp_path):
     training restarts from it (here: the native backend's export, loaded by the hf backend)."""
     export = Path(read_summary(run_a)["export"]["path"])
     run_dir = tmp_path / "run"
-    s = _train(run_dir, "experiment=tiny_hf", f"model.hf_assets_path={export}", "checkpoint=hf_load",
-               "launcher.nproc_per_node=1")  # one rank is enough here (A and B train on two)
+    s = _train(
+        run_dir,
+        "experiment=tiny_hf",
+        f"model.hf_assets_path={export}",
+        "checkpoint=hf_load",
+        "launcher.nproc_per_node=1",
+    )  # one rank is enough here (A and B train on two)
     assert s["weights_source"] == str(export)
     batches = first_batches(run_dir)
     reference, start = hf_losses((export, batches, None), (ckpts["untied"], batches, None))  # one process

@@ -24,17 +24,32 @@ from hf_fixtures import first_batches, hf_losses, hub_cache, write_checkpoint
 pytestmark = pytest.mark.slow
 
 REPO, COMMIT = "qwen3exp-test/tiny-moe", "0123456789abcdef0123456789abcdef01234567"
-SMALL = ("training.steps=2", "training.warmup_steps=1", "training.seq_len=64", "training.local_batch_size=2",
-         "metrics.tensorboard=false", "launcher.nproc_per_node=2", "checkpoint=hf_roundtrip",
-         "checkpoint.max_shard_mb=1")
+SMALL = (
+    "training.steps=2",
+    "training.warmup_steps=1",
+    "training.seq_len=64",
+    "training.local_batch_size=2",
+    "metrics.tensorboard=false",
+    "launcher.nproc_per_node=2",
+    "checkpoint=hf_roundtrip",
+    "checkpoint.max_shard_mb=1",
+)
 TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("moe")
-    folder = write_checkpoint(root / "src", tied=False, seed=3, num_experts=4, num_experts_per_tok=2,
-                              moe_intermediate_size=32, norm_topk_prob=True, max_shard_size="500KB")
+    folder = write_checkpoint(
+        root / "src",
+        tied=False,
+        seed=3,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+        max_shard_size="500KB",
+    )
     index = json.loads((folder / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) >= 2 and not (folder / "model.safetensors").exists()
     cache = root / "hub"
@@ -66,10 +81,13 @@ def _train(run_dir: Path, moe: dict, *overrides: str, umask: int | None = None) 
 
 def _modes(run_dir: Path) -> dict[str, int]:
     """The permission bits of every file and folder of the run (relative path: mode)."""
-    return {p.relative_to(run_dir).as_posix(): stat.S_IMODE(p.stat().st_mode)
-            for p in [run_dir, *run_dir.rglob("*")] if not p.is_symlink()
-            # torchrun's own per-launch log folder (torch.distributed.elastic, mkdtemp: 0700)
-            and not p.relative_to(run_dir).as_posix().startswith("logs/qwen3exp_")}
+    return {
+        p.relative_to(run_dir).as_posix(): stat.S_IMODE(p.stat().st_mode)
+        for p in [run_dir, *run_dir.rglob("*")]
+        if not p.is_symlink()
+        # torchrun's own per-launch log folder (torch.distributed.elastic, mkdtemp: 0700)
+        and not p.relative_to(run_dir).as_posix().startswith("logs/qwen3exp_")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +111,11 @@ def references(moe, native, hf, in_cache) -> dict[str, float]:
     """The transformers losses on each run's own first batches, all in one fresh process: the native
     run's with the experts' matmuls in bfloat16 (exact) and in float32, the hf backend run's."""
     native_batches, hf_batches = first_batches(native[0]), first_batches(hf[0])
-    losses = hf_losses((moe["folder"], native_batches, "bfloat16"), (moe["folder"], native_batches, None),
-                       (moe["folder"], hf_batches, None))
+    losses = hf_losses(
+        (moe["folder"], native_batches, "bfloat16"),
+        (moe["folder"], native_batches, None),
+        (moe["folder"], hf_batches, None),
+    )
     return dict(zip(("native", "native_fp32", "hf"), losses, strict=True))
 
 
@@ -120,8 +141,13 @@ def reloaded(native, hf) -> dict[str, str]:
     import sys
 
     folders = [str(s["export"]["path"]) for s in (native[1], hf[1])]
-    r = subprocess.run([sys.executable, "-c", RELOAD, *folders], capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
+    r = subprocess.run(
+        [sys.executable, "-c", RELOAD, *folders],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [line.split(" ", 2) for line in r.stdout.splitlines() if line.startswith(("GENERATED ", "FAILED "))]
     return {folder: f"{verdict} {rest}" for verdict, folder, rest in lines}
@@ -154,8 +180,10 @@ def test_native_moe_loads_exports_and_reloads(moe, native, references, reloaded)
     # torchtitan 0.3.0's GroupedExperts computes in bfloat16 whatever the training dtype: the exact
     # reference is transformers with its expert matmuls in bfloat16 (the float32 one is printed).
     exact, fp32 = references["native"], references["native_fp32"]
-    print(f"native MoE step-1 loss {s['step1_loss']:.6f}: - transformers(bf16 experts) = "
-          f"{s['step1_loss'] - exact:+.2e}, - transformers(fp32) = {s['step1_loss'] - fp32:+.2e}")
+    print(
+        f"native MoE step-1 loss {s['step1_loss']:.6f}: - transformers(bf16 experts) = "
+        f"{s['step1_loss'] - exact:+.2e}, - transformers(fp32) = {s['step1_loss'] - fp32:+.2e}"
+    )
     assert abs(s["step1_loss"] - exact) < TOL
     _loads_offline(_check_export(s, moe), reloaded)
     prov = json.loads((run_dir / "provenance.json").read_text())
@@ -187,7 +215,7 @@ def test_upstream_moe_swap_still_skipped():
     from torchtitan.components.optimizer import register_moe_load_balancing_hook
     from torchtitan.experiments.transformers_modeling_backend import parallelize
 
-    from qwen3exp.titan.hf_model import moe_load_balancing_hook
+    from qwen3exp.titan.hf_moe import moe_load_balancing_hook
 
     assert 'any(getattr(b, "moe_enabled", False) for b in model.layers)' in inspect.getsource(parallelize)
     layer = torch.nn.Module()

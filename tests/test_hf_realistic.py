@@ -34,16 +34,27 @@ from hf_fixtures import peak_rss_ratio, write_0p6b_checkpoint
 OPT_IN = "QWEN3EXP_REALISTIC"
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(os.environ.get(OPT_IN) != "1",
-                       reason=f"opt-in (3.5 min, 16 GiB): run with {OPT_IN}=1 python -m pytest -q "
-                              "tests/test_hf_realistic.py"),
+    pytest.mark.skipif(
+        os.environ.get(OPT_IN) != "1",
+        reason=f"opt-in (3.5 min, 16 GiB): run with {OPT_IN}=1 python -m pytest -q tests/test_hf_realistic.py",
+    ),
 ]
 
 PARAMS_0P6B = 596_049_920
-RUN = ("model.flavor=auto", "checkpoint=hf_roundtrip", "checkpoint.max_shard_mb=400", "training.steps=2",
-       "training.warmup_steps=1", "training.seq_len=32", "training.local_batch_size=1",
-       "training.dtype=bfloat16", "training.mixed_precision_param=float32", "launcher.nproc_per_node=2",
-       "validation.enable=false", "metrics.tensorboard=false")
+RUN = (
+    "model.flavor=auto",
+    "checkpoint=hf_roundtrip",
+    "checkpoint.max_shard_mb=400",
+    "training.steps=2",
+    "training.warmup_steps=1",
+    "training.seq_len=32",
+    "training.local_batch_size=1",
+    "training.dtype=bfloat16",
+    "training.mixed_precision_param=float32",
+    "launcher.nproc_per_node=2",
+    "validation.enable=false",
+    "metrics.tensorboard=false",
+)
 
 RELOAD = """
 import json, sys, torch
@@ -106,12 +117,17 @@ def test_0p6b_sharded_checkpoint_round_trip(qwen3_0p6b, tmp_path, capsys):
     for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
         assert (folder / name).is_file(), name
     cfg = json.loads((folder / "config.json").read_text())
-    assert (cfg["vocab_size"], cfg["hidden_size"], cfg["num_hidden_layers"], cfg["tie_word_embeddings"]) == \
-        (151936, 1024, 28, True)
+    assert (cfg["vocab_size"], cfg["hidden_size"], cfg["num_hidden_layers"], cfg["tie_word_embeddings"]) == (
+        151936,
+        1024,
+        28,
+        True,
+    )
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    reload = subprocess.run([sys.executable, "-c", RELOAD, str(folder)], env=env, capture_output=True, text=True,
-                            timeout=600)
+    reload = subprocess.run(
+        [sys.executable, "-c", RELOAD, str(folder)], env=env, capture_output=True, text=True, timeout=600
+    )
     assert reload.returncode == 0, reload.stderr[-3000:]
     info = json.loads(reload.stdout.strip().splitlines()[-1])
     assert info["unexpected"] == [] and info["mismatched"] == [] and info["missing"] in ([], ["lm_head.weight"])
@@ -120,7 +136,9 @@ def test_0p6b_sharded_checkpoint_round_trip(qwen3_0p6b, tmp_path, capsys):
 
     mem = peak_rss_ratio(run_dir)
     with capsys.disabled():
-        print(f"\nQwen3-0.6B-shaped hf_roundtrip, 2 CPU ranks: measured peak (rank 0, metrics.jsonl memory_gib) "
-              f"{mem['measured'] / 2**30:.2f} GiB, plan estimate {mem['estimated'] / 2**30:.2f} GiB per rank, "
-              f"ratio {mem['ratio']:.2f}")
+        print(
+            f"\nQwen3-0.6B-shaped hf_roundtrip, 2 CPU ranks: measured peak (rank 0, metrics.jsonl memory_gib) "
+            f"{mem['measured'] / 2**30:.2f} GiB, plan estimate {mem['estimated'] / 2**30:.2f} GiB per rank, "
+            f"ratio {mem['ratio']:.2f}"
+        )
     assert mem["measured"] and mem["estimated"] and math.isfinite(mem["ratio"]) and mem["ratio"] > 0

@@ -49,31 +49,62 @@ platform:
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("installed")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    str(REPO), "-w", str(tmp / "dist")], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            str(REPO),
+            "-w",
+            str(tmp / "dist"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (wheel,) = (tmp / "dist").glob("qwen3exp-*.whl")
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-    purelib = Path(subprocess.run([str(venv / "bin" / "python"), "-c",
-                                   "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                  check=True, capture_output=True, text=True).stdout.strip())
+    purelib = Path(
+        subprocess.run(
+            [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
     # The test environment's packages, after the fresh venv's own (a .pth line is appended to sys.path;
     # the editable-install hook of this repository in that folder is a .pth of its own and not run).
     (purelib / "_qwen3exp_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault("HF_HUB_OFFLINE", "1")
     repo = tmp / "experiments"
 
     def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-        return subprocess.run([str(venv / "bin" / "qwen3exp"), *args], cwd=repo, env=env, capture_output=True,
-                              text=True, timeout=timeout)
+        return subprocess.run(
+            [str(venv / "bin" / "qwen3exp"), *args], cwd=repo, env=env, capture_output=True, text=True, timeout=timeout
+        )
 
     def start(*args: str) -> subprocess.Popen:
-        return subprocess.Popen([str(venv / "bin" / "qwen3exp"), *args], cwd=repo, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            [str(venv / "bin" / "qwen3exp"), *args],
+            cwd=repo,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     repo.mkdir()
     init = run("init")
@@ -86,9 +117,18 @@ def installed(tmp_path_factory) -> dict:
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-q", "-m", "experiments"], check=True)
     commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
-    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import qwen3exp, qwen3exp.config.compose as c; "
-                            "print(qwen3exp.__file__); print(c.CONF_DIR)"], cwd=repo, env=env,
-                           capture_output=True, text=True, check=True).stdout.split()
+    where = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import qwen3exp, qwen3exp.config.compose as c; print(qwen3exp.__file__); print(c.CONF_DIR)",
+        ],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     return {"run": run, "start": start, "repo": repo, "commit": commit, "venv": venv, "where": where, "init": init}
 
 
@@ -101,8 +141,13 @@ def test_the_wheel_is_what_runs(installed):
 
 def test_init_writes_a_repository_of_experiments(installed):
     repo = installed["repo"]
-    for rel in ("conf/experiment/my_experiment.yaml", "conf/data/my_data.yaml", "data/sample.jsonl",
-                ".gitignore", "README.md"):
+    for rel in (
+        "conf/experiment/my_experiment.yaml",
+        "conf/data/my_data.yaml",
+        "data/sample.jsonl",
+        ".gitignore",
+        "README.md",
+    ):
         assert (repo / rel).is_file(), rel
     assert "outputs/" in (repo / ".gitignore").read_text()
     again = installed["run"]("init")
@@ -125,9 +170,11 @@ def test_dry_run_from_the_users_repo(installed):
     assert not (installed["repo"] / "outputs").exists()
 
 
-@pytest.mark.parametrize("form", [("--config-dir", "conf"), ("--config-dir=conf",), ("-cd", "conf"),
-                                  ("hydra.searchpath=[file://{repo}/conf]",)],
-                         ids=["config-dir", "config-dir=", "cd", "searchpath"])
+@pytest.mark.parametrize(
+    "form",
+    [("--config-dir", "conf"), ("--config-dir=conf",), ("-cd", "conf"), ("hydra.searchpath=[file://{repo}/conf]",)],
+    ids=["config-dir", "config-dir=", "cd", "searchpath"],
+)
 def test_a_typo_in_the_users_repo_is_exit_2(installed, form):
     form = [f.replace("{repo}", str(installed["repo"])) for f in form]
     r = installed["run"](*form, "experiment=mine", "training.stepz=3", timeout=180)
@@ -152,8 +199,15 @@ def test_train_and_sweep_from_the_users_repo(installed):
     """A run and a sweep, started side by side (separate output folders; nothing depends on timing)."""
     repo, start = installed["repo"], installed["start"]
     one = start("-cd", "conf", "experiment=mine", "hydra.run.dir=outputs/one")
-    sweep = start("-cd", "conf", "-m", "experiment=mine", "training.lr=1e-3,2e-3", "training.steps=2",
-                  "hydra.sweep.dir=outputs/sweep")
+    sweep = start(
+        "-cd",
+        "conf",
+        "-m",
+        "experiment=mine",
+        "training.lr=1e-3,2e-3",
+        "training.steps=2",
+        "hydra.sweep.dir=outputs/sweep",
+    )
     r, s = _finish(one), _finish(sweep)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = read_summary(repo / "outputs" / "one")

@@ -48,6 +48,7 @@ class Wrapped:
         def launch(*args, **kwargs):
             self.kernel.launches.append((self.kernel.name, grid, args, kwargs))
             return self.kernel.fn(*args, **kwargs)
+
         return launch
 
     def __call__(self, *args, **kwargs):  # wrap_nki(k)(...) without a grid: LNC=1
@@ -62,11 +63,11 @@ def _fake_rope_hf(q, k, q_out, k_out, cos=None, sin=None, rope_cache=None, backw
     c = rope_cache[None, None] if rope_cache.dim() == 2 else rope_cache[:, None]  # -> [B|1, 1, S, 2D]
     cos_, sin_ = c[..., :D], c[..., D:]
     for x, out in ((q, q_out), (k, k_out)):
-        lo, hi = x[..., : D // 2], x[..., D // 2:]
+        lo, hi = x[..., : D // 2], x[..., D // 2 :]
         if backward:
-            out.copy_(x * cos_ + torch.cat((hi * sin_[..., D // 2:], -lo * sin_[..., : D // 2]), -1))
+            out.copy_(x * cos_ + torch.cat((hi * sin_[..., D // 2 :], -lo * sin_[..., : D // 2]), -1))
         else:
-            out.copy_(x * cos_ + torch.cat((-hi * sin_[..., : D // 2], lo * sin_[..., D // 2:]), -1))
+            out.copy_(x * cos_ + torch.cat((-hi * sin_[..., : D // 2], lo * sin_[..., D // 2 :]), -1))
     return q_out, k_out
 
 
@@ -76,7 +77,7 @@ def _blocks(hidden, affinities, gate_up, down, positions, block_to_expert, block
     E = gate_up.shape[0]
     aff = affinities.view(T1, E)
     for n, e in enumerate(block_to_expert.view(-1).tolist()):
-        tok = positions[n * block_size:(n + 1) * block_size].long()
+        tok = positions[n * block_size : (n + 1) * block_size].long()
         x = hidden[tok].float()
         gate, up = x @ gate_up[e, :, 0].float(), x @ gate_up[e, :, 1].float()
         d = (F.silu(gate) * up) @ down[e].float()
@@ -90,16 +91,28 @@ def _fake_moe_cte(hidden, affinities, gate_up, down, positions, block_to_expert,
     out = torch.zeros(hidden.shape, dtype=torch.float32)
     gu_t = torch.zeros(N, 2, I, block_size)
     d_act = torch.zeros(N, block_size, H)
-    for n, tok, _, gate, up, d, a in _blocks(hidden, affinities, gate_up, down, positions, block_to_expert,
-                                             block_size):
+    for n, tok, _, gate, up, d, a in _blocks(hidden, affinities, gate_up, down, positions, block_to_expert, block_size):
         out.index_add_(0, tok, d * a[:, None])
         gu_t[n, 0], gu_t[n, 1], d_act[n] = gate.T, up.T, d
     out[-1] = 0  # the padding row
     return out.to(hidden.dtype), gu_t.to(gate_up.dtype), d_act.to(gate_up.dtype)
 
 
-def _fake_bwd(hidden, affinities, gate_up, down, gate_up_t, down_act, positions, block_to_expert, grad_out,
-              block_size, affinity_option=None, kernel_type_option=None, **kw):
+def _fake_bwd(
+    hidden,
+    affinities,
+    gate_up,
+    down,
+    gate_up_t,
+    down_act,
+    positions,
+    block_to_expert,
+    grad_out,
+    block_size,
+    affinity_option=None,
+    kernel_type_option=None,
+    **kw,
+):
     assert affinity_option is AffinityOption.AFFINITY_ON_H and kernel_type_option is KernelTypeOption.DROPLESS
     N = block_to_expert.shape[0]
     assert gate_up_t.shape == (N, 2, gate_up.shape[-1], block_size)
@@ -108,8 +121,7 @@ def _fake_bwd(hidden, affinities, gate_up, down, gate_up_t, down_act, positions,
     E, H, _, I = gate_up.shape
     g_hidden, g_aff = torch.zeros(hidden.shape), torch.zeros(hidden.shape[0], E)
     g_gate_up, g_down = torch.zeros(E, H, 2, I), torch.zeros(E, I, H)
-    for _, tok, e, gate, up, d, a in _blocks(hidden, affinities, gate_up, down, positions, block_to_expert,
-                                             block_size):
+    for _, tok, e, gate, up, d, a in _blocks(hidden, affinities, gate_up, down, positions, block_to_expert, block_size):
         g = grad_out[tok].float()
         g_aff[tok, e] += (g * d).sum(-1)
         gd = g * a[:, None]
@@ -167,16 +179,34 @@ def fake_neuron(monkeypatch):
         return m
 
     module("torch_neuronx", wrap_nki=lambda kernel: Wrapped(kernel))
-    for pkg in ("nkilib", "nkilib.core", "nkilib.core.embeddings", "nkilib.core.moe", "nkilib.core.moe.moe_cte",
-                "nkilib.experimental", "nkilib.experimental.moe", "nkilib.experimental.moe.bwd"):
+    for pkg in (
+        "nkilib",
+        "nkilib.core",
+        "nkilib.core.embeddings",
+        "nkilib.core.moe",
+        "nkilib.core.moe.moe_cte",
+        "nkilib.experimental",
+        "nkilib.experimental.moe",
+        "nkilib.experimental.moe.bwd",
+    ):
         module(pkg)
     module("nkilib.core.embeddings.rope_hf", rope_hf=FakeKernel("rope_hf", _fake_rope_hf, launches))
-    module("nkilib.core.moe.moe_cte.moe_cte", moe_cte=FakeKernel("moe_cte", _fake_moe_cte, launches),
-           MoECTESpec=MoECTESpec, MoECTEImplementation=MoECTEImplementation, ShardOnIConfig=ShardOnIConfig)
-    module("nkilib.experimental.moe.bwd.blockwise_mm_backward",
-           blockwise_mm_bwd=FakeKernel("blockwise_mm_bwd", _fake_bwd, launches))
-    module("nkilib.experimental.moe.bwd.moe_bwd_parameters", AffinityOption=AffinityOption,
-           KernelTypeOption=KernelTypeOption)
+    module(
+        "nkilib.core.moe.moe_cte.moe_cte",
+        moe_cte=FakeKernel("moe_cte", _fake_moe_cte, launches),
+        MoECTESpec=MoECTESpec,
+        MoECTEImplementation=MoECTEImplementation,
+        ShardOnIConfig=ShardOnIConfig,
+    )
+    module(
+        "nkilib.experimental.moe.bwd.blockwise_mm_backward",
+        blockwise_mm_bwd=FakeKernel("blockwise_mm_bwd", _fake_bwd, launches),
+    )
+    module(
+        "nkilib.experimental.moe.bwd.moe_bwd_parameters",
+        AffinityOption=AffinityOption,
+        KernelTypeOption=KernelTypeOption,
+    )
     assert neuron.available()
     # CPU tensors stand in for Neuron tensors: route the operators to their Neuron implementation.
     monkeypatch.setattr(neuron, "on_neuron", lambda t: neuron.available())
@@ -205,7 +235,7 @@ def test_rope_calls_rope_hf_with_hf_layout_and_the_lnc_grid(fake_neuron, monkeyp
     monkeypatch.setenv(neuron.LNC_ENV, str(lnc))
     q, k, cache = _rope_inputs()
     oq, ok = rope(q, k, cache[:256])
-    (name, grid, args, kwargs), = fake_neuron
+    ((name, grid, args, kwargs),) = fake_neuron
     assert name == "rope_hf" and grid == lnc
     q_in, k_in, q_out, k_out = args
     assert q_in.shape == (2, 3, 256, 8) and k_in.shape == (2, 1, 256, 8)  # [B, H, S, D]
@@ -259,8 +289,14 @@ def _moe_inputs(T=300, H=16, I=8, E=4, B=128):
     torch.manual_seed(0)
     ids = torch.stack([torch.where(torch.arange(T) < 200, 0, 1), torch.full((T,), 2)], 1)  # expert 3 empty
     scores = torch.rand(T, 2)
-    r = route(torch.arange(T).repeat_interleave(2), ids.reshape(-1), scores.reshape(-1), num_tokens=T,
-              num_experts=E, block_size=B)
+    r = route(
+        torch.arange(T).repeat_interleave(2),
+        ids.reshape(-1),
+        scores.reshape(-1),
+        num_tokens=T,
+        num_experts=E,
+        block_size=B,
+    )
     hidden = torch.cat([torch.randn(T, H), torch.zeros(1, H)]).requires_grad_()
     aff = r.affinities.clone().requires_grad_()
     gate_up = (torch.randn(E, H, 2, I) * 0.3).requires_grad_()
@@ -272,7 +308,7 @@ def test_moe_calls_moe_cte_and_blockwise_mm_bwd_with_their_layouts(fake_neuron):
     r, hidden, aff, gate_up, down = _moe_inputs()
     N = r.block_to_expert.shape[0]
     out, gu_t, d_act = moe_blockwise(hidden, aff, gate_up, down, r.token_position_to_id, r.block_to_expert, 128)
-    (name, grid, args, kwargs), = fake_neuron
+    ((name, grid, args, kwargs),) = fake_neuron
     assert name == "moe_cte" and grid == 2
     h, a, gu, dn, pos, b2e, bs, spec = args
     assert h.shape == (301, 16) and a.shape == (301 * 4, 1) and gu.shape == (4, 16, 2, 8) and dn.shape == (4, 8, 16)
@@ -281,8 +317,9 @@ def test_moe_calls_moe_cte_and_blockwise_mm_bwd_with_their_layouts(fake_neuron):
     # the same numbers as the PyTorch implementation
     from qwen3exp.kernels.moe_blockwise import moe_forward_pytorch
 
-    want = moe_forward_pytorch(hidden.detach(), aff.detach(), gate_up.detach(), down.detach(),
-                               r.token_position_to_id, r.block_to_expert, 128)
+    want = moe_forward_pytorch(
+        hidden.detach(), aff.detach(), gate_up.detach(), down.detach(), r.token_position_to_id, r.block_to_expert, 128
+    )
     for got, ref in zip((out, gu_t, d_act), want, strict=True):
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     grad = torch.randn_like(out)
@@ -293,8 +330,17 @@ def test_moe_calls_moe_cte_and_blockwise_mm_bwd_with_their_layouts(fake_neuron):
     assert args[8].shape == (301, 16) and args[9] == 128
     from qwen3exp.kernels.moe_blockwise import moe_backward_pytorch
 
-    ref = moe_backward_pytorch(grad, hidden.detach(), aff.detach(), gate_up.detach(), down.detach(), *want[1:],
-                               r.token_position_to_id, r.block_to_expert, 128)
+    ref = moe_backward_pytorch(
+        grad,
+        hidden.detach(),
+        aff.detach(),
+        gate_up.detach(),
+        down.detach(),
+        *want[1:],
+        r.token_position_to_id,
+        r.block_to_expert,
+        128,
+    )
     for got, want_grad in zip((hidden.grad, aff.grad, gate_up.grad, down.grad), ref, strict=True):
         torch.testing.assert_close(got, want_grad, rtol=1e-5, atol=1e-5)
 
@@ -312,10 +358,18 @@ def test_moe_constraints(fake_neuron, monkeypatch, block, lnc, H, message):
 def _neuron_facts(lnc: str | None):
     from qwen3exp.platforms import PlatformFacts
 
-    return PlatformFacts(name="neuron", reason="test", device_type="neuron", dist_backend="neuron",
-                         ranks_per_node=64, memory_per_rank_bytes=24 * 2**30, attention="sdpa",
-                         compile_backend="neuron", peak_flops_per_rank=158e12,
-                         env={} if lnc is None else {neuron.LNC_ENV: lnc})
+    return PlatformFacts(
+        name="neuron",
+        reason="test",
+        device_type="neuron",
+        dist_backend="neuron",
+        ranks_per_node=64,
+        memory_per_rank_bytes=24 * 2**30,
+        attention="sdpa",
+        compile_backend="neuron",
+        peak_flops_per_rank=158e12,
+        env={} if lnc is None else {neuron.LNC_ENV: lnc},
+    )
 
 
 @pytest.mark.parametrize("lnc,seq_len,ok", [(None, 128, False), ("2", 256, True), ("1", 128, True), ("2", 384, False)])
@@ -353,7 +407,7 @@ def test_prelaunch_neuron_moe_block_size(monkeypatch):
 def _trainer_config(exp):
     from pathlib import Path
 
-    from qwen3exp.config.schema import CpuPlatform
+    from qwen3exp.config.sections.platform import CpuPlatform
     from qwen3exp.platforms.cpu import facts as cpu_facts
     from qwen3exp.titan.job_config import to_torchtitan
 

@@ -183,8 +183,14 @@ def _topk_problem(dtype=torch.float64, T=24, dim=D, ff=FF, block=BLOCK):
     second = torch.where(torch.arange(T) % 2 == 0, 0, 4)
     ids = torch.stack([first, second], 1)
     scores = torch.rand(T, 2, dtype=dtype)
-    r = route(torch.arange(T).repeat_interleave(2), ids.reshape(-1), scores.reshape(-1), num_tokens=T,
-              num_experts=E, block_size=block)
+    r = route(
+        torch.arange(T).repeat_interleave(2),
+        ids.reshape(-1),
+        scores.reshape(-1),
+        num_tokens=T,
+        num_experts=E,
+        block_size=block,
+    )
     hidden = torch.cat([torch.randn(T, dim, dtype=dtype), torch.zeros(1, dim, dtype=dtype)])
     gate_up = torch.randn(E, dim, 2, ff, dtype=dtype) * 0.2
     down = torch.randn(E, ff, dim, dtype=dtype) * 0.2
@@ -195,8 +201,9 @@ def test_moe_blockwise_top_k_semantics():
     """out[t] = sum_k score[t, k] * SwiGLU_{expert[t, k]}(x[t]) (the moe_cte contract), plus the
     checkpointed activations in nkilib's layouts."""
     ids, scores, r, hidden, gate_up, down = _topk_problem()
-    out, gate_up_t, down_act = moe_blockwise(hidden, r.affinities, gate_up, down, r.token_position_to_id,
-                                             r.block_to_expert, BLOCK)
+    out, gate_up_t, down_act = moe_blockwise(
+        hidden, r.affinities, gate_up, down, r.token_position_to_id, r.block_to_expert, BLOCK
+    )
     T = ids.shape[0]
     want = torch.zeros(T + 1, D, dtype=hidden.dtype)
     for t in range(T):
@@ -225,16 +232,31 @@ def test_moe_blockwise_gradcheck_float64():
 
 def test_moe_ops_opcheck():
     _, _, r, hidden, gate_up, down = _topk_problem(dtype=torch.float32, T=12)
-    args = (hidden.requires_grad_(), r.affinities.requires_grad_(), gate_up.requires_grad_(),
-            down.requires_grad_(), r.token_position_to_id, r.block_to_expert, BLOCK)
+    args = (
+        hidden.requires_grad_(),
+        r.affinities.requires_grad_(),
+        gate_up.requires_grad_(),
+        down.requires_grad_(),
+        r.token_position_to_id,
+        r.block_to_expert,
+        BLOCK,
+    )
     torch.library.opcheck(moe_blockwise, args)
     out, gu, da = moe_blockwise(*args)
     detached = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
-    torch.library.opcheck(moe_blockwise_backward, (torch.randn_like(out), *detached[:4], gu.detach(), da.detach(),
-                                                   *detached[4:]))
+    torch.library.opcheck(
+        moe_blockwise_backward, (torch.randn_like(out), *detached[:4], gu.detach(), da.detach(), *detached[4:])
+    )
     # bfloat16 weights (the compute dtype training uses) with float32 hidden states
-    bf = (hidden.detach(), r.affinities.detach().bfloat16(), gate_up.detach().bfloat16(), down.detach().bfloat16(),
-          r.token_position_to_id, r.block_to_expert, BLOCK)
+    bf = (
+        hidden.detach(),
+        r.affinities.detach().bfloat16(),
+        gate_up.detach().bfloat16(),
+        down.detach().bfloat16(),
+        r.token_position_to_id,
+        r.block_to_expert,
+        BLOCK,
+    )
     torch.library.opcheck(moe_blockwise, bf)
 
 

@@ -11,8 +11,10 @@ import pytest
 
 from conftest import REPO, compose, run_cli
 from qwen3exp.errors import ConfigError
+from qwen3exp.kernels import registry
+from qwen3exp.kernels.nki_moe import FACTORY as NKI_MOE
+from qwen3exp.kernels.nki_rope import FACTORY as NKI_ROPE
 from qwen3exp.titan import overrides
-from qwen3exp.titan.overrides import NKI_MOE, NKI_ROPE
 
 EXAMPLES = REPO / "examples"
 
@@ -47,13 +49,35 @@ def test_groups_select_the_builtin_overrides():
     assert overrides.activations(validate_experiment(compose()).kernels) == []
 
 
+def test_each_builtin_override_is_one_module_found_by_its_section():
+    import importlib
+
+    from torchtitan.config.override import _REGISTRY
+
+    assert {k: m.__name__ for k, m in registry.BY_KEY.items()} == {
+        "kernels.rope": "qwen3exp.kernels.nki_rope",
+        "kernels.moe": "qwen3exp.kernels.nki_moe",
+    }
+    for m in registry.OVERRIDES:  # the torchtitan factory claims the nodes its module says
+        importlib.import_module(m.FACTORY.rpartition(".")[0])
+        assert _REGISTRY[m.FACTORY].fqns == m.DEFAULT_FQNS
+
+
 def test_plain_experiments_do_not_import_torchtitan_to_validate():
-    code = ("import sys; sys.path.insert(0, 'tests'); from conftest import compose; "
-            "from qwen3exp.config.schema import validate_experiment; from qwen3exp.launchers.local import prepare; "
-            "p = prepare(validate_experiment(compose())); assert p.overrides == []; "
-            "assert 'torchtitan' not in sys.modules and 'torch' not in sys.modules, 'imported'")
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
-                       env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    code = (
+        "import sys; sys.path.insert(0, 'tests'); from conftest import compose; "
+        "from qwen3exp.config.schema import validate_experiment; from qwen3exp.launchers.local import prepare; "
+        "p = prepare(validate_experiment(compose())); assert p.overrides == []; "
+        "assert 'torchtitan' not in sys.modules and 'torch' not in sys.modules, 'imported'"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     assert r.returncode == 0, r.stderr
 
 
@@ -99,8 +123,10 @@ def test_override_matching_no_node_is_an_error():
 
 
 def test_two_overrides_claiming_one_node_name_both():
-    problems = _problems("kernels=nki_rope", f"kernels.overrides=[{{target: {NKI_ROPE}, "
-                                             "fqns: [model_spec.model.layers.0.attention.rope]}]")
+    problems = _problems(
+        "kernels=nki_rope",
+        f"kernels.overrides=[{{target: {NKI_ROPE}, fqns: [model_spec.model.layers.0.attention.rope]}}]",
+    )
     (p,) = problems
     assert p.key == "kernels.overrides.0" and "kernels.rope" in p.message and NKI_ROPE in p.message
     assert "model_spec.model.layers.0.attention.rope" in p.message
@@ -113,7 +139,8 @@ def test_nested_claims_are_a_conflict(tmp_path, monkeypatch):
         "from torchtitan.models.common.attention import GQAttention\n"
         "@override(target=GQAttention.Config, fqns=['model_spec.model.layers.*.attention'])\n"
         "def same_attention(cfg):\n"
-        "    return cfg\n")
+        "    return cfg\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     (p,) = _problems("kernels=nki_rope", "kernels.overrides=[{target: attention_kernels.same_attention}]")
     assert p.key == "kernels.overrides.0" and "kernels.rope" in p.message and "(under " in p.message
@@ -157,8 +184,11 @@ def test_user_override_from_the_readme(examples_on_path, tmp_path):
 
     from qwen3exp.titan.job_config import to_torchtitan
 
-    prep = _prepare("kernels=nki_rope", "kernels.overrides=[{target: my_kernels.silu_mul_ffn, "
-                                        "fqns: [model_spec.model.layers.1.feed_forward], kwargs: {upcast: true}}]")
+    prep = _prepare(
+        "kernels=nki_rope",
+        "kernels.overrides=[{target: my_kernels.silu_mul_ffn, "
+        "fqns: [model_spec.model.layers.1.feed_forward], kwargs: {upcast: true}}]",
+    )
     assert [(c["key"], len(c["nodes"])) for c in prep.overrides] == [("kernels.rope", 2), ("kernels.overrides.0", 1)]
     config = to_torchtitan(prep.exp, prep.facts, tmp_path)
     stock = to_torchtitan(prep.exp, prep.facts, tmp_path)
@@ -219,8 +249,15 @@ def _trainer_config(*ovr: str):
 
 def test_walkthrough_reductions_reach_the_model_and_nki_moe_claims_every_layer():
     """30B-A3B cut to 4 layers, 64 experts, top-4 (the walkthrough's MoE run), as one line."""
-    ovr = ("model.flavor=30B-A3B", "model.n_layers=4", "model.num_experts=64", "model.top_k=4", "kernels=nki_moe",
-           "training.seq_len=256", "platform=cpu")
+    ovr = (
+        "model.flavor=30B-A3B",
+        "model.n_layers=4",
+        "model.num_experts=64",
+        "model.top_k=4",
+        "kernels=nki_moe",
+        "training.seq_len=256",
+        "platform=cpu",
+    )
     model = _trainer_config(*ovr).model_spec.model
     assert len(model.layers) == 4
     for layer in model.layers:

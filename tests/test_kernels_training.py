@@ -22,20 +22,37 @@ from conftest import REPO, read_metrics, read_summary
 
 pytestmark = pytest.mark.slow
 
-COMMON = ["launcher.nproc_per_node=1", "training.steps=3", "training.warmup_steps=1", "training.seq_len=64",
-          "training.local_batch_size=2", "metrics.tensorboard=false", "platform=cpu", "kernels.moe.block_size=16"]
-SWEEPS = {"dense": ["model.flavor=tiny", "kernels=default,nki_rope"],
-          "moe": ["model.flavor=tiny_moe", "kernels=default,nki_moe"]}
+COMMON = [
+    "launcher.nproc_per_node=1",
+    "training.steps=3",
+    "training.warmup_steps=1",
+    "training.seq_len=64",
+    "training.local_batch_size=2",
+    "metrics.tensorboard=false",
+    "platform=cpu",
+    "kernels.moe.block_size=16",
+]
+SWEEPS = {
+    "dense": ["model.flavor=tiny", "kernels=default,nki_rope"],
+    "moe": ["model.flavor=tiny_moe", "kernels=default,nki_moe"],
+}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("kernels")
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
-    procs = {name: subprocess.Popen([sys.executable, "-m", "qwen3exp", "-m", f"name={name}",
-                                     f"hydra.sweep.dir={root / name}", *COMMON, *ovr],
-                                    cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for name, ovr in SWEEPS.items()}
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "qwen3exp", "-m", f"name={name}", f"hydra.sweep.dir={root / name}", *COMMON, *ovr],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for name, ovr in SWEEPS.items()
+    }
     for name, p in procs.items():
         out, _ = p.communicate(timeout=900)
         assert p.returncode == 0, f"{name}:\n{out[-4000:]}"

@@ -20,9 +20,16 @@ def _strict(line: str) -> dict:
 
 def _metrics(loss: float, grad_norm: float) -> dict:
     # The keys torchtitan's MetricsProcessor passes to its loggers on a training step.
-    return {"loss_metrics/global_avg_loss": loss, "loss_metrics/global_max_loss": loss, "grad_norm": grad_norm,
-            "throughput(tps)": 1000.0, "memory/max_reserved(GiB)": 1.5, "mfu(%)": 0.1, "lr": 1e-3,
-            "time_metrics/end_to_end(s)": 0.2}
+    return {
+        "loss_metrics/global_avg_loss": loss,
+        "loss_metrics/global_max_loss": loss,
+        "grad_norm": grad_norm,
+        "throughput(tps)": 1000.0,
+        "memory/max_reserved(GiB)": 1.5,
+        "mfu(%)": 0.1,
+        "lr": 1e-3,
+        "time_metrics/end_to_end(s)": 0.2,
+    }
 
 
 def test_non_finite_values_are_written_as_null_with_a_flag(tmp_path):
@@ -53,9 +60,18 @@ def test_plain_json_dumps_would_not_be_strict():
 
 def test_readers_take_a_null_loss(tmp_path):
     from qwen3exp.analysis import report
-    rows = [{"step": 1, "loss": 3.0, "tokens_per_second": 10.0, "memory_gib": 1.0},
-            {"step": 2, "loss": None, "grad_norm": None, "tokens_per_second": 12.0, "memory_gib": 1.0,
-             "nonfinite": ["loss", "grad_norm"]}]
+
+    rows = [
+        {"step": 1, "loss": 3.0, "tokens_per_second": 10.0, "memory_gib": 1.0},
+        {
+            "step": 2,
+            "loss": None,
+            "grad_norm": None,
+            "tokens_per_second": 12.0,
+            "memory_gib": 1.0,
+            "nonfinite": ["loss", "grad_norm"],
+        },
+    ]
     (tmp_path / rundir.METRICS).write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))
     assert rundir.read_metrics(tmp_path) == rows
     run = report.load_run(tmp_path, experiment={"name": "x"})

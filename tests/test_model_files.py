@@ -14,19 +14,36 @@ import pytest
 from conftest import compose, run_cli
 from hf_fixtures import TOKENIZER_FILES, write_checkpoint
 from qwen3exp.assets import TOKENIZER_DIR
-from qwen3exp.config.flavors import FLAVORS, arch_from_hf_config, hf_config_from_arch, hf_param_shapes
+from qwen3exp.config.flavors import FLAVORS
+from qwen3exp.config.hf_config import arch_from_hf_config, hf_config_from_arch
+from qwen3exp.config.hf_tensors import hf_param_shapes
 from qwen3exp.config.schema import validate_experiment
 from qwen3exp.errors import ConfigError
 from qwen3exp.plan import model_files
-from qwen3exp.plan.model_files import read_headers, safetensors_files
+from qwen3exp.plan.weight_files import read_headers, safetensors_files
 
 # Qwen/Qwen3-4B-Instruct-2507's config.json (architecture keys as published).
 QWEN3_4B_INSTRUCT_2507 = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 2560, "intermediate_size": 9728,
-    "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-    "vocab_size": 151936, "tie_word_embeddings": True, "rope_theta": 5000000, "rope_scaling": None,
-    "max_position_embeddings": 262144, "rms_norm_eps": 1e-06, "hidden_act": "silu", "attention_bias": False,
-    "use_sliding_window": False, "torch_dtype": "bfloat16", "bos_token_id": 151643, "eos_token_id": 151645,
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 2560,
+    "intermediate_size": 9728,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "rope_theta": 5000000,
+    "rope_scaling": None,
+    "max_position_embeddings": 262144,
+    "rms_norm_eps": 1e-06,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "use_sliding_window": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
 }
 
 
@@ -69,8 +86,13 @@ def test_flavor_4b_against_qwen3_4b_instruct_2507_names_rope_theta(tmp_path):
 
 def test_dims_not_matching_the_flavor(tmp_path, ckpt):
     err = _refused(tmp_path, "model.flavor=tiny", f"model.hf_assets_path={ckpt}")
-    for key in ("hidden_size is 96", "head_dim is 40", "intermediate_size is 160", "rope_theta is 5000000.0",
-                "rms_norm_eps is 1e-05"):
+    for key in (
+        "hidden_size is 96",
+        "head_dim is 40",
+        "intermediate_size is 160",
+        "rope_theta is 5000000.0",
+        "rms_norm_eps is 1e-05",
+    ):
         assert key in err, key
     # Without a config.json the safetensors themselves are compared with the flavor.
     bare = tmp_path / "bare"
@@ -96,8 +118,14 @@ def test_folder_without_config_json(tmp_path, model):
 
 @pytest.mark.parametrize("model", ["native", "hf"])
 def test_non_qwen3_architecture(tmp_path, model):
-    llama = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-             "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 2048}
+    llama = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "vocab_size": 2048,
+    }
     folder = _folder(tmp_path / "llama", llama)
     args = ("model.flavor=auto",) if model == "native" else ("model=hf",)
     err = _refused(tmp_path, *args, f"model.hf_assets_path={folder}")
@@ -132,8 +160,13 @@ def test_index_naming_a_missing_shard(tmp_path, ckpt):
 
 
 def test_checkpoint_path_is_checked(tmp_path, ckpt):
-    err = _refused(tmp_path, "model.flavor=auto", f"model.hf_assets_path={ckpt}", "checkpoint=hf_roundtrip",
-                   f"checkpoint.path={tmp_path / 'gone'}")
+    err = _refused(
+        tmp_path,
+        "model.flavor=auto",
+        f"model.hf_assets_path={ckpt}",
+        "checkpoint=hf_roundtrip",
+        f"checkpoint.path={tmp_path / 'gone'}",
+    )
     assert "checkpoint.path" in err and "folder does not exist" in err
 
 
@@ -142,8 +175,15 @@ def test_hf_param_shapes_match_what_transformers_writes(tmp_path, ckpt):
     arch = arch_from_hf_config(json.loads((ckpt / "config.json").read_text()))
     files, _ = safetensors_files(ckpt)
     assert read_headers(files)[0] == hf_param_shapes(arch)
-    moe = write_checkpoint(tmp_path / "moe", tied=False, tokenizer=False, num_experts=4, num_experts_per_tok=2,
-                           moe_intermediate_size=32, norm_topk_prob=True)
+    moe = write_checkpoint(
+        tmp_path / "moe",
+        tied=False,
+        tokenizer=False,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+    )
     cfg = json.loads((moe / "config.json").read_text())
     arch = arch_from_hf_config(cfg)
     assert arch.moe is not None and arch.moe.num_experts == 4 and arch.moe.top_k == 2
@@ -152,11 +192,21 @@ def test_hf_param_shapes_match_what_transformers_writes(tmp_path, ckpt):
 
 def test_unsupported_qwen3_variants_are_refused():
     base = dict(QWEN3_4B_INSTRUCT_2507)
-    for delta, words in (({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "RoPE scaling 'yarn'"),
-                         ({"attention_bias": True}, "attention_bias"),
-                         ({"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "num_experts": 8,
-                           "num_experts_per_tok": 2, "moe_intermediate_size": 64, "norm_topk_prob": False},
-                          "norm_topk_prob=false")):
+    for delta, words in (
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "RoPE scaling 'yarn'"),
+        ({"attention_bias": True}, "attention_bias"),
+        (
+            {
+                "model_type": "qwen3_moe",
+                "architectures": ["Qwen3MoeForCausalLM"],
+                "num_experts": 8,
+                "num_experts_per_tok": 2,
+                "moe_intermediate_size": 64,
+                "norm_topk_prob": False,
+            },
+            "norm_topk_prob=false",
+        ),
+    ):
         with pytest.raises(Exception, match=words):
             arch_from_hf_config({**base, **delta})
 
@@ -177,21 +227,33 @@ def test_schema_touches_no_files(tmp_path):
 WRONG_SHAPES = {
     # file, what it becomes, text the problem holds
     "config_is_a_list": ("config.json", lambda d: [1, 2], "holds a JSON list"),
-    "nan_rope_theta": ("config.json", lambda d: {**d, "rope_parameters": {"rope_theta": float("nan")}},
-                       "rope_theta is nan, not a finite number > 0"),
+    "nan_rope_theta": (
+        "config.json",
+        lambda d: {**d, "rope_parameters": {"rope_theta": float("nan")}},
+        "rope_theta is nan, not a finite number > 0",
+    ),
     "infinite_norm_eps": ("config.json", lambda d: {**d, "rms_norm_eps": float("inf")}, "rms_norm_eps is inf"),
     "layers_as_text": ("config.json", lambda d: {**d, "num_hidden_layers": "two"}, "not a positive integer"),
     "a_trillion_layers": ("config.json", lambda d: {**d, "num_hidden_layers": 10**12}, "beyond any Qwen3"),
     "tokenizer_is_a_list": ("tokenizer.json", lambda d: [1], "tokenizer files are unreadable"),
     "tokenizer_model_is_text": ("tokenizer.json", lambda d: {**d, "model": "x"}, "tokenizer files are unreadable"),
     "added_tokens_not_a_list": ("tokenizer.json", lambda d: {**d, "added_tokens": 5}, "tokenizer files are unreadable"),
-    "decoder_is_a_list": ("tokenizer_config.json", lambda d: {**d, "added_tokens_decoder": [1]},
-                          "added_tokens_decoder is a JSON list"),
+    "decoder_is_a_list": (
+        "tokenizer_config.json",
+        lambda d: {**d, "added_tokens_decoder": [1]},
+        "added_tokens_decoder is a JSON list",
+    ),
     "index_is_a_list": ("model.safetensors.index.json", lambda d: [1], "is unreadable"),
-    "weight_map_of_numbers": ("model.safetensors.index.json", lambda d: {"weight_map": {"a": 5}},
-                              "weight_map is not an object"),
-    "index_leaves_the_folder": ("model.safetensors.index.json", lambda d: {"weight_map": {"a": "../../etc/passwd"}},
-                                "not a file of the model's folder"),
+    "weight_map_of_numbers": (
+        "model.safetensors.index.json",
+        lambda d: {"weight_map": {"a": 5}},
+        "weight_map is not an object",
+    ),
+    "index_leaves_the_folder": (
+        "model.safetensors.index.json",
+        lambda d: {"weight_map": {"a": "../../etc/passwd"}},
+        "not a file of the model's folder",
+    ),
 }
 
 

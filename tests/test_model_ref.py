@@ -32,8 +32,10 @@ def _model(folder: Path, *, extra_tokens: int = 0) -> Path:
     if extra_tokens:
         tok = json.loads((folder / "tokenizer.json").read_text())
         flags = {"single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
-        tok["added_tokens"] = [*tok.get("added_tokens", []),
-                               *({"id": 2048 + i, "content": f"<x{i}>", **flags} for i in range(extra_tokens))]
+        tok["added_tokens"] = [
+            *tok.get("added_tokens", []),
+            *({"id": 2048 + i, "content": f"<x{i}>", **flags} for i in range(extra_tokens)),
+        ]
         (folder / "tokenizer.json").write_text(json.dumps(tok))
         cfg = json.loads((folder / "config.json").read_text())
         cfg["vocab_size"] = 2048 + 128
@@ -97,8 +99,13 @@ def test_hf_model_brings_its_own_tokenizer(cache, tmp_path):
 
 def test_missing_hub_id_exits_2_with_the_fetch_command(tmp_path):
     run_dir = tmp_path / "run"
-    r = run_cli("model.flavor=auto", "model.hf_assets_path=Qwen/Qwen3-0.6B@c1899de", "training.steps=2",
-                f"hydra.run.dir={run_dir}", env={"HF_HUB_CACHE": str(tmp_path / "empty")})
+    r = run_cli(
+        "model.flavor=auto",
+        "model.hf_assets_path=Qwen/Qwen3-0.6B@c1899de",
+        "training.steps=2",
+        f"hydra.run.dir={run_dir}",
+        env={"HF_HUB_CACHE": str(tmp_path / "empty")},
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "model.hf_assets_path = 'Qwen/Qwen3-0.6B@c1899de'" in r.stderr
     assert "hf download Qwen/Qwen3-0.6B --revision c1899de" in r.stderr

@@ -16,12 +16,22 @@ from runprocs import TINY, assert_no_survivors, free_port, kill_leftovers, start
 
 def _node_claim(run, node: int, *extra: str):
     """What `python -m qwen3exp` of one node of a 2-node run does first: compose, claim the folder."""
-    from qwen3exp import cli
-    from qwen3exp.config.compose import parse_argv, precheck
+    from qwen3exp.config.argv import parse_argv
+    from qwen3exp.config.precheck import precheck
+    from qwen3exp.launchers import command
 
-    inv = parse_argv([*TINY, "launcher.nnodes=2", "launcher.nproc_per_node=1", "launcher.rdzv_endpoint=127.0.0.1:1",
-                      f"launcher.node_rank={node}", f"hydra.run.dir={run}", *extra])
-    return cli._claim(precheck(inv))
+    inv = parse_argv(
+        [
+            *TINY,
+            "launcher.nnodes=2",
+            "launcher.nproc_per_node=1",
+            "launcher.rdzv_endpoint=127.0.0.1:1",
+            f"launcher.node_rank={node}",
+            f"hydra.run.dir={run}",
+            *extra,
+        ]
+    )
+    return command._claim(precheck(inv))
 
 
 def _hydra_started(run) -> None:
@@ -89,8 +99,14 @@ def test_two_nodes_started_apart_match_one_node_with_two_ranks(tmp_path, referen
         for at, gap, node in starts:
             time.sleep(max(0.0, began + at - time.monotonic()))
             procs[gap, node] = start_cli(
-                *TINY, "launcher.nnodes=2", "launcher.nproc_per_node=1", f"launcher.rdzv_endpoint={endpoints[gap]}",
-                f"hydra.run.dir={runs[gap]}", f"launcher.node_rank={node}", log=tmp_path / f"{gap}s_node{node}.log")
+                *TINY,
+                "launcher.nnodes=2",
+                "launcher.nproc_per_node=1",
+                f"launcher.rdzv_endpoint={endpoints[gap]}",
+                f"hydra.run.dir={runs[gap]}",
+                f"launcher.node_rank={node}",
+                log=tmp_path / f"{gap}s_node{node}.log",
+            )
         codes = {key: proc.wait(timeout=600) for key, proc in procs.items()}
     finally:
         for run in runs.values():
@@ -116,6 +132,7 @@ def test_a_finished_multinode_run_directory_is_not_joined(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "summary.json").write_text("{}")
-    r = run_cli(*TINY, "launcher.nnodes=2", "launcher.node_rank=1", "launcher.rdzv_endpoint=127.0.0.1:1",
-                f"hydra.run.dir={run}")
+    r = run_cli(
+        *TINY, "launcher.nnodes=2", "launcher.node_rank=1", "launcher.rdzv_endpoint=127.0.0.1:1", f"hydra.run.dir={run}"
+    )
     assert r.returncode == 2 and "never overwritten" in r.stderr and "Traceback" not in r.stderr

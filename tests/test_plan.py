@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 
 from conftest import CONF, REPO, read_summary, run_cli
-from qwen3exp.config.compose import Composer
-from qwen3exp.config.schema import NativeModel, validate_experiment
+from qwen3exp.config.composer import Composer
+from qwen3exp.config.schema import validate_experiment
+from qwen3exp.config.sections.model import NativeModel
 from qwen3exp.errors import ConfigError
 from qwen3exp.plan import memory
-from qwen3exp.plan.build import make_plan, mesh_problems
+from qwen3exp.plan.build import make_plan
+from qwen3exp.plan.mesh import mesh_problems
 from qwen3exp.platforms import PlatformFacts
 
 # ------------------------------------------------------- parameters: plan vs torchtitan's model
@@ -26,10 +28,11 @@ from qwen3exp.platforms import PlatformFacts
 # model with torchtitan on the meta device and counts numel; with world > 1, also applies
 # torchtitan's own parallelize_qwen3 (FSDP / TP / EP) on a fake process group of that size and
 # counts rank 0's local shards.
-COUNT_SCRIPT = r'''
+COUNT_SCRIPT = r"""
 import json, os, sys
 from qwen3exp.platforms import prepare_worker, resolve
-from qwen3exp.config.schema import CpuPlatform, NativeModel
+from qwen3exp.config.sections.model import NativeModel
+from qwen3exp.config.sections.platform import CpuPlatform
 prepare_worker(resolve(CpuPlatform()))
 import torch, torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -79,13 +82,13 @@ for c in json.loads(sys.argv[1]):
         out.append(json.loads(f.read()))
     os.waitpid(pid, 0)
 print("RESULT " + json.dumps(out))
-'''
+"""
 
 REDUCED_MOE = {"flavor": "30B-A3B", "n_layers": 4, "num_experts": 64, "top_k": 4}
 COUNT_CASES = [
     {"model": REDUCED_MOE, "world": 4},
     {"model": REDUCED_MOE, "world": 4, "ep": 2},
-    {"model": {"flavor": "tiny_moe"}, "world": 16},          # more ranks than experts: FSDP on dim 1
+    {"model": {"flavor": "tiny_moe"}, "world": 16},  # more ranks than experts: FSDP on dim 1
     {"model": {"flavor": "tiny_moe"}, "world": 4, "tp": 2},  # experts split by tp on their hidden dim
     {"model": {"flavor": "tiny"}, "world": 1},
     {"model": {"flavor": "tiny"}, "world": 4},
@@ -98,11 +101,17 @@ COUNT_CASES = [
 @pytest.fixture(scope="module")
 def titan_counts() -> list[dict]:
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "-c", COUNT_SCRIPT, json.dumps(COUNT_CASES)], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", COUNT_SCRIPT, json.dumps(COUNT_CASES)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line is not None, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 def _exp(data: dict):
@@ -115,16 +124,23 @@ def _exp(data: dict):
 
 def _plan_for(case: dict):
     m = case["model"]
-    overrides = {"name": "t", "dry_run": True, "model": {"backend": "native", **m},
-                 "launcher": {"kind": "local", "nproc_per_node": case["world"]},
-                 "parallelism": {"tp": case.get("tp", 1), "ep": case.get("ep", 1)},
-                 "training": {"seq_len": 64}, "platform": {"name": "cpu"}}
+    overrides = {
+        "name": "t",
+        "dry_run": True,
+        "model": {"backend": "native", **m},
+        "launcher": {"kind": "local", "nproc_per_node": case["world"]},
+        "parallelism": {"tp": case.get("tp", 1), "ep": case.get("ep", 1)},
+        "training": {"seq_len": 64},
+        "platform": {"name": "cpu"},
+    }
     return make_plan(_exp(overrides), "/tmp/unused")
 
 
-@pytest.mark.parametrize("i", range(len(COUNT_CASES)),
-                         ids=[f"{c['model']['flavor']}-w{c['world']}-tp{c.get('tp', 1)}-ep{c.get('ep', 1)}"
-                              for c in COUNT_CASES])
+@pytest.mark.parametrize(
+    "i",
+    range(len(COUNT_CASES)),
+    ids=[f"{c['model']['flavor']}-w{c['world']}-tp{c.get('tp', 1)}-ep{c.get('ep', 1)}" for c in COUNT_CASES],
+)
 def test_parameter_counts_equal_torchtitans(i, titan_counts):
     case, titan = COUNT_CASES[i], titan_counts[i]
     assert "error" not in titan, titan
@@ -147,10 +163,17 @@ def test_required_flavors_are_covered():
 @pytest.mark.parametrize("dtype,nbytes", [("float32", 4), ("bfloat16", 2)])
 @pytest.mark.parametrize("world,tp", [(1, 1), (2, 1), (8, 2)])
 def test_state_memory_is_the_arithmetic(dtype, nbytes, world, tp):
-    exp = _exp({"name": "t", "dry_run": True, "model": {"backend": "native", "flavor": "0.6B"},
-                               "launcher": {"kind": "local", "nproc_per_node": world}, "parallelism": {"tp": tp},
-                               "training": {"dtype": dtype, "mixed_precision_param": "bfloat16", "seq_len": 128},
-                               "platform": {"name": "cpu", "ranks_per_node": world}})
+    exp = _exp(
+        {
+            "name": "t",
+            "dry_run": True,
+            "model": {"backend": "native", "flavor": "0.6B"},
+            "launcher": {"kind": "local", "nproc_per_node": world},
+            "parallelism": {"tp": tp},
+            "training": {"dtype": dtype, "mixed_precision_param": "bfloat16", "seq_len": 128},
+            "platform": {"name": "cpu", "ranks_per_node": world},
+        }
+    )
     plan = make_plan(exp, "/tmp/unused")
     arch = NativeModel(flavor="0.6B").arch()
     # Independent arithmetic: each tensor split by tp on its tp dim, then by FSDP on dim 0, rounded up.
@@ -176,21 +199,36 @@ def test_state_memory_is_the_arithmetic(dtype, nbytes, world, tp):
 
 def test_activation_checkpointing_lowers_activations():
     def acts(mode):
-        exp = _exp({"name": "t", "dry_run": True, "model": {"backend": "native", "flavor": "0.6B"},
-                                   "training": {"activation_checkpoint": mode, "seq_len": 2048}})
+        exp = _exp(
+            {
+                "name": "t",
+                "dry_run": True,
+                "model": {"backend": "native", "flavor": "0.6B"},
+                "training": {"activation_checkpoint": mode, "seq_len": 2048},
+            }
+        )
         return make_plan(exp, "/tmp/unused").memory.activations
 
     none, selective, full = acts("none"), acts("selective"), acts("full")
     assert none > selective > full > 0
     # Twice the tokens, about twice the activations.
-    exp = _exp({"name": "t", "dry_run": True, "model": {"backend": "native", "flavor": "0.6B"},
-                               "training": {"local_batch_size": 16, "seq_len": 2048}})
+    exp = _exp(
+        {
+            "name": "t",
+            "dry_run": True,
+            "model": {"backend": "native", "flavor": "0.6B"},
+            "training": {"local_batch_size": 16, "seq_len": 2048},
+        }
+    )
     assert make_plan(exp, "/tmp/unused").memory.activations == pytest.approx(2 * none, rel=0.01)
 
 
 def test_not_fitting_is_an_error_unless_dry_run():
-    data = {"name": "t", "model": {"backend": "native", "flavor": "4B"},
-            "platform": {"name": "cpu", "memory_per_rank_gib": 8}}
+    data = {
+        "name": "t",
+        "model": {"backend": "native", "flavor": "4B"},
+        "platform": {"name": "cpu", "memory_per_rank_gib": 8},
+    }
     with pytest.raises(ConfigError) as e:
         make_plan(_exp(data), "/tmp/unused")
     assert e.value.problems[0].key == "model.flavor"
@@ -201,9 +239,19 @@ def test_not_fitting_is_an_error_unless_dry_run():
 
 # ---------------------------------------------------------------------- platform vs devices
 def _facts(devices: int, exclusive: bool) -> PlatformFacts:
-    return PlatformFacts(name="cuda", reason="test", device_type="cuda", dist_backend="nccl", ranks_per_node=8,
-                         memory_per_rank_bytes=80 * 2**30, attention="flex", compile_backend="inductor",
-                         peak_flops_per_rank=1e15, devices_per_node=devices, devices_exclusive=exclusive)
+    return PlatformFacts(
+        name="cuda",
+        reason="test",
+        device_type="cuda",
+        dist_backend="nccl",
+        ranks_per_node=8,
+        memory_per_rank_bytes=80 * 2**30,
+        attention="flex",
+        compile_backend="inductor",
+        peak_flops_per_rank=1e15,
+        devices_per_node=devices,
+        devices_exclusive=exclusive,
+    )
 
 
 def test_more_ranks_than_devices_is_an_error_on_accelerators():
@@ -217,8 +265,14 @@ def test_more_ranks_than_devices_is_an_error_on_accelerators():
 
 
 def test_cpu_oversubscription_is_a_warning():
-    exp = _exp({"name": "t", "dry_run": True, "launcher": {"kind": "local", "nproc_per_node": 64},
-                               "training": {"seq_len": 64, "local_batch_size": 1}})
+    exp = _exp(
+        {
+            "name": "t",
+            "dry_run": True,
+            "launcher": {"kind": "local", "nproc_per_node": 64},
+            "training": {"seq_len": 64, "local_batch_size": 1},
+        }
+    )
     plan = make_plan(exp, "/tmp/unused")
     assert any("64 ranks share" in w for w in plan.warnings)
 
@@ -227,9 +281,13 @@ def test_cpu_oversubscription_is_a_warning():
 def test_override_hook_and_multinode_commands(monkeypatch):
     from qwen3exp.plan.render import render
 
-    exp = _exp({"name": "t", "dry_run": True,
-                               "launcher": {"kind": "local", "nnodes": 2, "rdzv_endpoint": "head:29500",
-                                            "nproc_per_node": 2}})
+    exp = _exp(
+        {
+            "name": "t",
+            "dry_run": True,
+            "launcher": {"kind": "local", "nnodes": 2, "rdzv_endpoint": "head:29500", "nproc_per_node": 2},
+        }
+    )
     plan = make_plan(exp, "/tmp/run")
     assert "overrides:  none" in render(plan)
     assert [c[c.index("--node-rank") + 1] for c in plan.commands] == ["0", "1"]
@@ -299,14 +357,15 @@ def conf_copy(tmp_path) -> Path:
     (conf / "parallelism" / "tp2.yaml").write_text("dp_replicate: 1\ndp_shard: -1\ntp: 2\npp: 1\ncp: 1\nep: 1\n")
     (conf / "experiment" / "prov.yaml").write_text(
         "# @package _global_\ndefaults:\n  - override /parallelism: tp2\n\n"
-        "name: prov\ntraining:\n  steps: 12\nmodel:\n  flavor: tiny\n")
+        "name: prov\ntraining:\n  steps: 12\nmodel:\n  flavor: tiny\n"
+    )
     return conf
 
 
 def test_provenance_names_every_layer(conf_copy):
     from qwen3exp.config.compose import experiment_data
     from qwen3exp.config.schema import validate_experiment as validate
-    from qwen3exp.launchers.batch import HydraFiles
+    from qwen3exp.launchers.points import HydraFiles
 
     overrides = ["experiment=prov", "training.lr=0.01", "data=bundled"]
     with Composer(conf_copy) as c:
@@ -317,20 +376,27 @@ def test_provenance_names_every_layer(conf_copy):
     assert table["training.steps"] == (12, "experiment file conf/experiment/prov.yaml")
     assert table["parallelism.tp"] == (2, "group file conf/parallelism/tp2.yaml")  # swapped by the experiment
     assert table["training.lr"] == (0.01, "command line training.lr=0.01")
-    assert table["training.seq_len"] == (256, "root config conf/config.yaml")
+    assert table["training.seq_len"] == (256, "schema default")
     assert table["training.seed"] == (42, "schema default")
     assert table["data.source"] == ("bundled", "group file conf/data/bundled.yaml (chosen on the command line)")
 
 
 # ------------------------------------------------------------------------ the command line
 def test_dry_run_prints_the_plan_without_torch(tmp_path):
-    code = ("import sys; from qwen3exp.cli import main; rc = main(sys.argv[1:]); "
-            "heavy = sorted(m for m in ('torch', 'torchtitan', 'transformers') if m in sys.modules); "
-            "print('HEAVY', heavy); sys.exit(rc)")
+    code = (
+        "import sys; from qwen3exp.cli import main; rc = main(sys.argv[1:]); "
+        "heavy = sorted(m for m in ('torch', 'torchtitan', 'transformers') if m in sys.modules); "
+        "print('HEAVY', heavy); sys.exit(rc)"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", code, "dry_run=true", "model.flavor=4B",
-                           f"hydra.run.dir={tmp_path}/run"], env=env, cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "dry_run=true", "model.flavor=4B", f"hydra.run.dir={tmp_path}/run"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
     assert "HEAVY []" in out
@@ -340,20 +406,30 @@ def test_dry_run_prints_the_plan_without_torch(tmp_path):
     assert re.search(r"\n  model\.flavor +4B +command line model\.flavor=4B\n", out), out
     assert re.search(r"\n  training\.steps +30 +experiment file conf/experiment/tiny_native\.yaml\n", out)
     assert re.search(r"\n  training\.seed +42 +root config conf/config\.yaml\n", out)
-    for text in ("dp_shard: -1 -> 2 (world 2 / other degrees 1)",
-                 "parameters: total 4,022,468,096 (4.02B)",
-                 "per rank 2,011,234,048",
-                 "optimizer", "activations", "headroom",
-                 "!!! WARNING: DOES NOT FIT",
-                 "tokens:     4,096 per step, 2,048 per rank per step",
-                 "overrides:  none", "checkpoint: checkpoint=none: nothing is loaded",
-                 "-m qwen3exp.run.agent --nnodes 1 --nproc-per-node 2"):
+    for text in (
+        "dp_shard: -1 -> 2 (world 2 / other degrees 1)",
+        "parameters: total 4,022,468,096 (4.02B)",
+        "per rank 2,011,234,048",
+        "optimizer",
+        "activations",
+        "headroom",
+        "!!! WARNING: DOES NOT FIT",
+        "tokens:     4,096 per step, 2,048 per rank per step",
+        "overrides:  none",
+        "checkpoint: checkpoint=none: nothing is loaded",
+        "-m qwen3exp.run.agent --nnodes 1 --nproc-per-node 2",
+    ):
         assert text in out, out
 
 
 def test_dry_run_sweep_plans_every_point(tmp_path):
-    proc = run_cli("-m", "dry_run=true", "model.flavor=tiny,tiny_moe", "training.seq_len=64,128",
-                   f"hydra.sweep.dir={tmp_path}/sweep")
+    proc = run_cli(
+        "-m",
+        "dry_run=true",
+        "model.flavor=tiny,tiny_moe",
+        "training.seq_len=64,128",
+        f"hydra.sweep.dir={tmp_path}/sweep",
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("qwen3exp dry run:") == 4
     assert "=== sweep point 4/4" in proc.stdout
@@ -365,8 +441,14 @@ def test_dry_run_sweep_plans_every_point(tmp_path):
 @pytest.mark.slow
 def test_real_run_writes_plan_json(tmp_path):
     run = tmp_path / "run"
-    proc = run_cli("training.steps=2", "training.warmup_steps=0", "training.seq_len=64",
-                   "training.local_batch_size=2", "metrics.tensorboard=false", f"hydra.run.dir={run}")
+    proc = run_cli(
+        "training.steps=2",
+        "training.warmup_steps=0",
+        "training.seq_len=64",
+        "training.local_batch_size=2",
+        "metrics.tensorboard=false",
+        f"hydra.run.dir={run}",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert read_summary(run)["status"] == "completed"
     plan = json.loads((run / "plan.json").read_text())
@@ -374,7 +456,7 @@ def test_real_run_writes_plan_json(tmp_path):
     assert plan["mesh"]["world_size"] == 2 and plan["mesh"]["dp_shard"] == 2
     assert plan["memory"]["fits"] is True
     assert plan["provenance"]["training.steps"] == {"value": 2, "source": "command line training.steps=2"}
-    assert plan["provenance"]["model.flavor"]["source"] == "group file conf/model/native.yaml"
+    assert plan["provenance"]["model.flavor"]["source"] == "schema default"
     assert plan["provenance"]["training.seq_len"]["source"] == "command line training.seq_len=64"
     assert plan["commands"] == [(run / "command.txt").read_text().strip()]
     assert plan["kernel_overrides"] == [] and plan["checkpoint"]["compatible"] is None
@@ -397,18 +479,26 @@ def test_the_plan_holds_what_the_launcher_runs():
 def test_the_launcher_and_a_plan_do_not_import_torch():
     """The launcher starts torchrun without importing torch or torchtitan (the ranks import them);
     a plain experiment is planned without them too."""
-    code = ("import sys; sys.path.insert(0, 'tests'); from conftest import compose; "
-            "from qwen3exp.config.schema import validate_experiment; from qwen3exp.plan.build import make_plan; "
-            "import qwen3exp.launchers.local, qwen3exp.worker.main; "
-            "make_plan(validate_experiment(compose()), '/tmp/unused'); "
-            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchtitan')); "
-            "assert not heavy, heavy")
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    code = (
+        "import sys; sys.path.insert(0, 'tests'); from conftest import compose; "
+        "from qwen3exp.config.schema import validate_experiment; from qwen3exp.plan.build import make_plan; "
+        "import qwen3exp.launchers.local, qwen3exp.worker.main; "
+        "make_plan(validate_experiment(compose()), '/tmp/unused'); "
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchtitan')); "
+        "assert not heavy, heavy"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
 
 
-REFUSE_IN_RANKS = '''
+REFUSE_IN_RANKS = """
 import os
 if os.environ.get("QWEN3EXP_TEST_REFUSE") and "RANK" in os.environ:  # only in the ranks
     import qwen3exp.titan.job_config as job_config
@@ -418,7 +508,7 @@ if os.environ.get("QWEN3EXP_TEST_REFUSE") and "RANK" in os.environ:  # only in t
                          "parallelism.pipeline_parallel_microbatch_size (3) (test)")
 
     job_config.to_torchtitan = refuse
-'''
+"""
 
 
 @pytest.mark.slow
@@ -430,10 +520,17 @@ def test_torchtitan_refusing_the_config_in_the_ranks_is_exit_2_before_any_step(t
     site.mkdir()
     (site / "sitecustomize.py").write_text(REFUSE_IN_RANKS)
     run = tmp_path / "run"
-    proc = run_cli("training.steps=3", "training.warmup_steps=1", "launcher.max_restarts=2", f"hydra.run.dir={run}",
-                   env={"QWEN3EXP_TEST_REFUSE": "1",
-                        "PYTHONPATH": os.pathsep.join([str(site), str(REPO), os.environ.get("PYTHONPATH", "")])},
-                   timeout=300)
+    proc = run_cli(
+        "training.steps=3",
+        "training.warmup_steps=1",
+        "launcher.max_restarts=2",
+        f"hydra.run.dir={run}",
+        env={
+            "QWEN3EXP_TEST_REFUSE": "1",
+            "PYTHONPATH": os.pathsep.join([str(site), str(REPO), os.environ.get("PYTHONPATH", "")]),
+        },
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "(torchtitan Trainer.Config) = 'ValueError': training.local_batch_size (8) must be evenly" in proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr

@@ -17,8 +17,14 @@ from runprocs import TINY, start_cli
 
 
 def _py(code: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
@@ -29,7 +35,7 @@ def test_device_selection_must_happen_before_torchtitan_import():
     r = _py("""
         from qwen3exp.platforms import prepare_worker
         from qwen3exp.platforms.cpu import facts
-        from qwen3exp.config.schema import CpuPlatform
+        from qwen3exp.config.sections.platform import CpuPlatform
         prepare_worker(facts(CpuPlatform(), nproc_per_node=2, reason="test"))
         from torchtitan.tools import utils
         from torchtitan.components.metrics import DeviceMemoryMonitor
@@ -40,7 +46,7 @@ def test_device_selection_must_happen_before_torchtitan_import():
 
 
 def test_cpu_device_module_reports_real_peak_memory():
-    from qwen3exp.platforms.cpu import CpuDeviceModule
+    from qwen3exp.platforms.cpu_device import CpuDeviceModule
 
     dm = CpuDeviceModule()
     dm.reset_peak_memory_stats()
@@ -95,10 +101,26 @@ print("ok")
 def test_fsdp_over_gloo_needs_sum_reductions(mode, tmp_path):
     script = tmp_path / "fsdp_gloo.py"
     script.write_text(FSDP_GLOO)
+
     def once():
-        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                               "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", str(script), mode],
-                              capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node",
+                "2",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                "localhost:0",
+                str(script),
+                mode,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     r = once()
     for _ in range(2):
@@ -126,7 +148,7 @@ def test_with_sum_reductions_wraps_parallelize():
 
 # ------------------------------------------------------------------------------- host memory
 def _host_figure(monkeypatch, available: int, **kw) -> list:
-    from qwen3exp.config.schema import CpuPlatform
+    from qwen3exp.config.sections.platform import CpuPlatform
     from qwen3exp.platforms import cpu
 
     monkeypatch.setattr(cpu, "available_memory", lambda: available)
@@ -140,9 +162,15 @@ def test_host_memory_refusal_names_every_part(monkeypatch):
 
     (p,) = _host_figure(monkeypatch, 2 * GIB, plan_bytes_per_rank=100 * MIB)
     assert p.key == "launcher.nproc_per_node" and p.value == 2
-    for part in (f"2 rank(s) x {gib(cpu.RANK_RUNTIME_BYTES + 200 * MIB)}", "per-process runtime",
-                 f"{gib(100 * MIB)} plan", f"{gib(100 * MIB)} transients", f"{gib(cpu.AGENT_BYTES)} torchrun agent",
-                 f"{gib(cpu.LAUNCHER_BYTES)} this launcher", "2.00 GiB available (MemAvailable"):
+    for part in (
+        f"2 rank(s) x {gib(cpu.RANK_RUNTIME_BYTES + 200 * MIB)}",
+        "per-process runtime",
+        f"{gib(100 * MIB)} plan",
+        f"{gib(100 * MIB)} transients",
+        f"{gib(cpu.AGENT_BYTES)} torchrun agent",
+        f"{gib(cpu.LAUNCHER_BYTES)} this launcher",
+        "2.00 GiB available (MemAvailable",
+    ):
         assert part in p.message, (part, p.message)
     assert "verify the HF export" not in p.message
     # An HF export is verified in this launcher after the ranks have exited: the larger phase counts.
@@ -166,12 +194,20 @@ def test_host_memory_covers_the_measured_0p6b_run():
     from qwen3exp.platforms import cpu
     from qwen3exp.units import MIB
 
-    plan = memory.estimate(FLAVORS["0.6B"], memory.Degrees(dp_shard=2), local_batch_size=1, seq_len=32,
-                           param_dtype="bfloat16", compute_dtype="float32", activation_checkpoint="none",
-                           budget=2**40).total
+    plan = memory.estimate(
+        FLAVORS["0.6B"],
+        memory.Degrees(dp_shard=2),
+        local_batch_size=1,
+        seq_len=32,
+        param_dtype="bfloat16",
+        compute_dtype="float32",
+        activation_checkpoint="none",
+        budget=2**40,
+    ).total
     measured = (7987 + 8499 + 647 + 48) * MIB
-    figure = cpu.host_memory(ranks=2, plan_bytes_per_rank=plan, export_dtype_bytes=2,
-                             total_params=FLAVORS["0.6B"].param_counts()[0]).need
+    figure = cpu.host_memory(
+        ranks=2, plan_bytes_per_rank=plan, export_dtype_bytes=2, total_params=FLAVORS["0.6B"].param_counts()[0]
+    ).need
     assert measured <= figure <= 1.25 * measured, (figure / MIB, measured / MIB)
 
 
@@ -208,8 +244,9 @@ def test_host_memory_figure_matches_a_real_tiny_run(tmp_path):
     from qwen3exp.platforms import cpu
 
     run = tmp_path / "run"
-    proc = start_cli(*TINY, "training.steps=3", "launcher.nproc_per_node=2", f"hydra.run.dir={run}",
-                     log=tmp_path / "run.log")
+    proc = start_cli(
+        *TINY, "training.steps=3", "launcher.nproc_per_node=2", f"hydra.run.dir={run}", log=tmp_path / "run.log"
+    )
     peak = 0
     while proc.poll() is None:
         peak = max(peak, sum(_rss(pid) for pid in _descendants(proc.pid)))

@@ -15,14 +15,17 @@ import os
 import subprocess
 import sys
 import textwrap
+import typing
 from dataclasses import asdict
 
 import pytest
 
 from conftest import REPO, read_summary, run_cli
-from qwen3exp.config.schema import AutoPlatform, CpuPlatform, CudaPlatform, NeuronPlatform, validate_experiment
+from qwen3exp import platforms
+from qwen3exp.config.schema import validate_experiment
+from qwen3exp.config.sections.platform import AutoPlatform, CpuPlatform, CudaPlatform, NeuronPlatform, Platform
 from qwen3exp.errors import ConfigError
-from qwen3exp.platforms import PlatformFacts, experiment_problems, probe, resolve
+from qwen3exp.platforms import PlatformFacts, cuda, experiment_problems, neuron, probe, resolve
 
 FAKES = REPO / "tests" / "fakes"
 GIB = 2**30
@@ -49,9 +52,20 @@ def _problems(exc: ConfigError) -> dict[str, str]:
     return {p.key: p.render() for p in exc.problems}
 
 
+# -------------------------------------------------------------------------------- registry
+def test_every_platform_section_has_its_module():
+    """A platform is one module found by its section's class: every member of the schema's union
+    (platform=auto is the registry's own resolution) has one, and error messages list them all."""
+    members = typing.get_args(typing.get_args(Platform)[0])
+    assert set(platforms.BY_SECTION) | {AutoPlatform} == set(members)
+    assert all(m.NAME == m.SECTION.model_fields["name"].default for m in platforms.PLATFORMS)
+    assert platforms.variant.ALLOWED == "auto, cpu, cuda, neuron"
+    assert list(platforms.probed()) == ["cuda", "neuron"]
+
+
 # ------------------------------------------------------------------------------------ auto
 def test_auto_picks_cpu_here_and_says_why():
-    assert probe.cuda_hint() is None and probe.neuron_hint() is None, "this test expects a machine without accelerators"
+    assert cuda.device_hint() is None and neuron.device_hint() is None, "this test expects no accelerators"
     facts = resolve(AutoPlatform())
     assert facts.name == "cpu"
     assert "platform=auto" in facts.reason
@@ -100,21 +114,28 @@ def test_neuron_dry_run_plans_from_the_table_without_a_device():
     assert facts.comm_init_timeout_s == 1800
 
 
-@pytest.mark.parametrize("cfg, ranks, gib", [
-    (dict(lnc=1), 128, 12),
-    (dict(instance_type="trn2.3xlarge"), 4, 24),
-    (dict(cores_per_node=32, hbm_per_core_gib=20), 32, 20),
-])
+@pytest.mark.parametrize(
+    "cfg, ranks, gib",
+    [
+        (dict(lnc=1), 128, 12),
+        (dict(instance_type="trn2.3xlarge"), 4, 24),
+        (dict(cores_per_node=32, hbm_per_core_gib=20), 32, 20),
+    ],
+)
 def test_neuron_table_values(cfg, ranks, gib):
     facts = resolve(NeuronPlatform(**cfg), dry_run=True)
     assert (facts.ranks_per_node, facts.memory_per_rank_bytes) == (ranks, gib * GIB)
 
 
 def test_neuron_user_compile_cache_and_runtime_env(tmp_path):
-    facts = resolve(NeuronPlatform(compile_cache_dir=str(tmp_path / "neff"), runtime_env={"NEURON_RT_NUM_CORES": 4}),
-                    dry_run=True)
-    assert facts.env == {"NEURON_LOGICAL_NC_CONFIG": "2", "NEURON_RT_NUM_CORES": "4",
-                         "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff")}
+    facts = resolve(
+        NeuronPlatform(compile_cache_dir=str(tmp_path / "neff"), runtime_env={"NEURON_RT_NUM_CORES": 4}), dry_run=True
+    )
+    assert facts.env == {
+        "NEURON_LOGICAL_NC_CONFIG": "2",
+        "NEURON_RT_NUM_CORES": "4",
+        "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"),
+    }
     assert facts.run_dir_env == {}
 
 
@@ -124,8 +145,16 @@ def test_neuron_schema_errors_name_the_key():
         validate_experiment({**base, "platform": {"name": "neuron", "lnc": 4}})
     assert "allowed: 1 or 2" in _problems(e.value)["platform.lnc"]
     with pytest.raises(ConfigError) as e:
-        validate_experiment({**base, "platform": {"name": "neuron", "instance_type": "trn2.48xl",
-                                                  "runtime_env": {"NEURON_LOGICAL_NC_CONFIG": "1", "9BAD": "x"}}})
+        validate_experiment(
+            {
+                **base,
+                "platform": {
+                    "name": "neuron",
+                    "instance_type": "trn2.48xl",
+                    "runtime_env": {"NEURON_LOGICAL_NC_CONFIG": "1", "9BAD": "x"},
+                },
+            }
+        )
     problems = _problems(e.value)
     assert "did you mean trn2.48xlarge?" in problems["platform.instance_type"]
     assert "is set by platform.lnc" in problems["platform.runtime_env.NEURON_LOGICAL_NC_CONFIG"]
@@ -148,7 +177,7 @@ def test_neuron_more_ranks_than_cores_is_refused():
 
 
 def test_neuron_real_launch_without_torch_neuronx_is_refused():
-    assert probe.neuron_hint() is None
+    assert neuron.device_hint() is None
     with pytest.raises(ConfigError) as e:
         resolve(NeuronPlatform(), dry_run=False)
     msg = _problems(e.value)["platform"]
@@ -209,8 +238,9 @@ def _run_script(code: str, env: dict[str, str] | None = None, fake: bool = True)
     full = {k: v for k, v in os.environ.items() if not k.startswith(("FAKE_NEURON", "NEURON_"))}
     full["PYTHONPATH"] = os.pathsep.join([str(FAKES)] * fake + [str(REPO)])
     full.update(env or {})
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=full, capture_output=True, text=True, timeout=300
+    )
 
 
 def _facts_json(**over) -> str:
@@ -228,7 +258,9 @@ PREPARE = """
 def test_neuron_prepare_worker_makes_torchtitan_pick_neuron():
     # The fake registers the backend without claiming the device (FAKE_NEURON_NO_DEVICE_MAP): the
     # map entry torchtitan needs then exists only because prepare_worker adds it.
-    r = _run_script(PREPARE + """
+    r = _run_script(
+        PREPARE
+        + """
     import multiprocessing
     import torch, torch_neuronx, torch.distributed as dist
     before = dist.Backend.default_device_backend_map.get("neuron")
@@ -237,29 +269,48 @@ def test_neuron_prepare_worker_makes_torchtitan_pick_neuron():
     print(json.dumps({"before": before, "device_type": utils.device_type,
                       "backend": dist.Backend.default_device_backend_map.get(utils.device_type),
                       "module": utils.device_module.__name__, "start": multiprocessing.get_start_method()}))
-    """, env={"FACTS": _facts_json(), "NEURON_LOGICAL_NC_CONFIG": "2", "FAKE_NEURON_NO_DEVICE_MAP": "1",
-              "LOCAL_WORLD_SIZE": "64"})
+    """,
+        env={
+            "FACTS": _facts_json(),
+            "NEURON_LOGICAL_NC_CONFIG": "2",
+            "FAKE_NEURON_NO_DEVICE_MAP": "1",
+            "LOCAL_WORLD_SIZE": "64",
+        },
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out == {"before": None, "device_type": "neuron", "backend": "neuron", "module": "torch.neuron",
-                   "start": "spawn"}
+    assert out == {
+        "before": None,
+        "device_type": "neuron",
+        "backend": "neuron",
+        "module": "torch.neuron",
+        "start": "spawn",
+    }
 
 
-@pytest.mark.parametrize("env, fake, message", [
-    ({}, False, "torch_neuronx cannot be imported"),
-    ({"FAKE_NEURON_IMPORT_ERROR": "WRONG PACKAGE"}, True, "WRONG PACKAGE"),
-    ({"FAKE_NEURON_NO_BACKEND": "1"}, True, "did not register the 'neuron' process-group backend"),
-    ({"NEURON_LOGICAL_NC_CONFIG": "1"}, True, "NEURON_LOGICAL_NC_CONFIG='1' but the run was planned with LNC=2"),
-    ({"LOCAL_WORLD_SIZE": "96", "FAKE_NEURON_PHYSICAL_CORES": "128"}, True, "96 ranks on this node"),
-    ({"IMPORT_TORCHTITAN_FIRST": "1"}, True, "must be prepared before torchtitan is imported"),
-])
+@pytest.mark.parametrize(
+    "env, fake, message",
+    [
+        ({}, False, "torch_neuronx cannot be imported"),
+        ({"FAKE_NEURON_IMPORT_ERROR": "WRONG PACKAGE"}, True, "WRONG PACKAGE"),
+        ({"FAKE_NEURON_NO_BACKEND": "1"}, True, "did not register the 'neuron' process-group backend"),
+        ({"NEURON_LOGICAL_NC_CONFIG": "1"}, True, "NEURON_LOGICAL_NC_CONFIG='1' but the run was planned with LNC=2"),
+        ({"LOCAL_WORLD_SIZE": "96", "FAKE_NEURON_PHYSICAL_CORES": "128"}, True, "96 ranks on this node"),
+        ({"IMPORT_TORCHTITAN_FIRST": "1"}, True, "must be prepared before torchtitan is imported"),
+    ],
+)
 def test_neuron_prepare_worker_fails_clearly(env, fake, message):
     env = {"FACTS": _facts_json(), "NEURON_LOGICAL_NC_CONFIG": "2", **env}
-    r = _run_script(PREPARE + """
+    r = _run_script(
+        PREPARE
+        + """
     if os.environ.get("IMPORT_TORCHTITAN_FIRST"):
         import torchtitan.tools.utils
     prepare_worker(facts)
-    """, env=env, fake=fake)
+    """,
+        env=env,
+        fake=fake,
+    )
     assert r.returncode != 0
     assert message in r.stderr, r.stderr[-2000:]
 
@@ -271,9 +322,13 @@ def test_neuron_real_launch_reaches_the_neuron_process_group(tmp_path):
     device neuron:0 and asks torch.distributed for the `neuron` backend with the raised timeout;
     there the fake stops (it has no collectives)."""
     run_dir = tmp_path / "run"
-    r = run_cli("experiment=trn2_qwen3_4b_native", "launcher.nproc_per_node=1", f"hydra.run.dir={run_dir}",
-                f"model.hf_assets_path={REPO / 'qwen3exp' / 'assets' / 'tokenizer'}",
-                env={"PYTHONPATH": os.pathsep.join([str(FAKES), str(REPO)])})
+    r = run_cli(
+        "experiment=trn2_qwen3_4b_native",
+        "launcher.nproc_per_node=1",
+        f"hydra.run.dir={run_dir}",
+        f"model.hf_assets_path={REPO / 'qwen3exp' / 'assets' / 'tokenizer'}",
+        env={"PYTHONPATH": os.pathsep.join([str(FAKES), str(REPO)])},
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     platform = json.loads((run_dir / "platform.json").read_text())
     assert platform["name"] == "neuron" and platform["device_checked"] and platform["lnc"] == 2
@@ -287,17 +342,32 @@ def test_neuron_real_launch_reaches_the_neuron_process_group(tmp_path):
 # ------------------------------------------------------------------------------------ cuda
 def _fake_gpus(monkeypatch, *, count: int):
     """The probe's contract, faked in-process: what the subprocess would report on a GPU host."""
-    monkeypatch.setattr(probe, "cuda_hint", lambda: "/dev/nvidia0 exists")
-    monkeypatch.setattr(probe, "probe", lambda kind, env=None: {
-        "kind": "cuda", "available": True, "count": count, "name": "NVIDIA H100 80GB HBM3",
-        "total_memory": 80 * GIB, "peak_flops": 989e12, "torch_cuda": "13.0", "error": None})
+    monkeypatch.setattr(cuda, "device_hint", lambda: "/dev/nvidia0 exists")
+    monkeypatch.setattr(
+        probe,
+        "probe",
+        lambda kind, env=None: {
+            "kind": "cuda",
+            "available": True,
+            "count": count,
+            "name": "NVIDIA H100 80GB HBM3",
+            "total_memory": 80 * GIB,
+            "peak_flops": 989e12,
+            "torch_cuda": "13.0",
+            "error": None,
+        },
+    )
 
 
 def test_cuda_uses_torchtitan_defaults_and_the_probed_gpus(monkeypatch):
     _fake_gpus(monkeypatch, count=4)
     facts = resolve(CudaPlatform())
-    assert (facts.device_type, facts.dist_backend, facts.attention, facts.compile_backend) == \
-        ("cuda", "nccl", "flex", "inductor")
+    assert (facts.device_type, facts.dist_backend, facts.attention, facts.compile_backend) == (
+        "cuda",
+        "nccl",
+        "flex",
+        "inductor",
+    )
     assert facts.ranks_per_node == 4 and facts.memory_per_rank_bytes == 80 * GIB
     assert facts.peak_flops_per_rank == 989e12 and facts.device_checked and not facts.force_sum_reductions
     assert facts.devices_per_node == 4 and facts.devices_exclusive  # the plan refuses a 5th rank
@@ -321,16 +391,33 @@ def test_cuda_probe_here_reports_no_gpu():
 
 
 def test_cuda_prepare_worker_refuses_a_rank_without_gpu():
-    facts = json.dumps(asdict(PlatformFacts(name="cuda", reason="test", device_type="cuda", dist_backend="nccl",
-                                            ranks_per_node=1, memory_per_rank_bytes=1, attention="flex",
-                                            compile_backend="inductor", peak_flops_per_rank=None)))
+    facts = json.dumps(
+        asdict(
+            PlatformFacts(
+                name="cuda",
+                reason="test",
+                device_type="cuda",
+                dist_backend="nccl",
+                ranks_per_node=1,
+                memory_per_rank_bytes=1,
+                attention="flex",
+                compile_backend="inductor",
+                peak_flops_per_rank=None,
+            )
+        )
+    )
     r = _run_script(PREPARE + "    prepare_worker(facts)\n", env={"FACTS": facts}, fake=False)
     assert r.returncode != 0 and "torch.cuda.is_available() is False in this rank" in r.stderr
 
 
 # ------------------------------------------------------------------------------------ cpu
 def test_flex_attention_on_cpu_is_refused():
-    exp = validate_experiment({"name": "x", "model": {"backend": "native", "flavor": "tiny", "attention": "flex"},
-                               "platform": {"name": "cpu"}})
+    exp = validate_experiment(
+        {
+            "name": "x",
+            "model": {"backend": "native", "flavor": "tiny", "attention": "flex"},
+            "platform": {"name": "cpu"},
+        }
+    )
     problems = experiment_problems(exp, resolve(CpuPlatform()))
     assert "FlexAttention has no backward on the CPU" in _problems(ConfigError(problems))["model.attention"]

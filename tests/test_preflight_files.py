@@ -20,12 +20,14 @@ import pytest
 
 from conftest import REPO, read_metrics, read_summary, run_cli
 from qwen3exp.assets import TOKENIZER_DIR
-from qwen3exp.config.flavors import FLAVORS, HF_ROPE_TYPES, arch_from_hf_config, hf_param_shapes
+from qwen3exp.config.flavors import FLAVORS
+from qwen3exp.config.hf_config import HF_ROPE_TYPES, arch_from_hf_config
+from qwen3exp.config.hf_tensors import hf_param_shapes
 from qwen3exp.config.schema import SECTIONS, check_experiment, validate_experiment
 from qwen3exp.errors import ConfigError
-from qwen3exp.plan import data_files, model_files
+from qwen3exp.plan import data_files, data_records, model_files, weight_values
 from qwen3exp.plan.build import make_plan
-from qwen3exp.plan.model_files import nonfinite_tensors
+from qwen3exp.plan.weight_values import nonfinite_tensors
 from qwen3exp.platforms import cpu
 
 
@@ -48,8 +50,11 @@ DATA_CASES = [
     ("jsonl_other_field", {"a.jsonl": b'{"body": "a", "id": 1}\n'}, "body"),
     ("jsonl_blank_line_first_file", {"a.jsonl": b'{"text": "a"}\n\n{"text": "b"}\n'}, "text"),
     ("jsonl_blank_lines_at_end", {"a.jsonl": b'{"text": "a"}\n\n\n'}, "text"),
-    ("jsonl_blank_line_second_file", {"a.jsonl": b'{"text": "a"}\n', "b.jsonl": b'{"text": "a"}\n\n{"text": "b"}\n'},
-     "text"),
+    (
+        "jsonl_blank_line_second_file",
+        {"a.jsonl": b'{"text": "a"}\n', "b.jsonl": b'{"text": "a"}\n\n{"text": "b"}\n'},
+        "text",
+    ),
     ("jsonl_bom_first_file", {"a.jsonl": b'\xef\xbb\xbf{"text": "a"}\n'}, "text"),
     ("jsonl_bom_second_file", {"a.jsonl": b'{"text": "a"}\n', "b.jsonl": b'\xef\xbb\xbf{"text": "b"}\n'}, "text"),
     ("jsonl_duplicate_key", {"a.jsonl": b'{"text": "a", "text": "b"}\n'}, "text"),
@@ -70,7 +75,7 @@ DATA_CASES = [
     ("jsonl_array_line", {"a.jsonl": b' [{"text": "a"}]\n'}, "text"),
     ("json_array_of_objects", {"a.json": b'[{"text": "a"}, {"text": "b"}]'}, "text"),
     ("json_array_of_strings", {"a.json": b'["a", "b"]'}, "text"),
-    ("json_array_of_numbers", {"a.json": b'[1, 2]'}, "text"),
+    ("json_array_of_numbers", {"a.json": b"[1, 2]"}, "text"),
     ("json_array_missing_field", {"a.json": b'[{"text": "a"}, {"other": "b"}]'}, "text"),
     ("mixed_txt_and_jsonl", {"a.jsonl": b'{"text": "a"}\n', "b.txt": b"hello\n"}, "text"),
     ("txt_ok", {"a.txt": b"hello\n\nworld\n"}, "text"),
@@ -150,36 +155,39 @@ def test_the_wrong_text_field_names_data_text_field(tmp_path):
 def test_data_check_is_bounded(tmp_path, monkeypatch):
     # A defect past the first MAX_LINES records is found by the scan of the rest (it would stop every
     # rank mid-training), up to SCAN_BYTES; beyond them nothing is read.
-    good = b"".join(b'{"text": "line %d"}\n' % i for i in range(data_files.MAX_LINES))
+    good = b"".join(b'{"text": "line %d"}\n' % i for i in range(data_records.MAX_LINES))
     paths = _write(tmp_path / "late", {"a.jsonl": good + b"{broken\n"})
     (p,) = data_files.content_problems(str(tmp_path / "late"), paths, "text")
-    assert f"line {data_files.MAX_LINES + 1}: not valid JSON" in p.message
+    assert f"line {data_records.MAX_LINES + 1}: not valid JSON" in p.message
     monkeypatch.setattr(data_files, "SCAN_BYTES", len(b'{"text": "line 0"}\n'))
     paths = _write(tmp_path / "later", {"a.jsonl": good + good + b"{broken\n"})
     assert data_files.content_problems(str(tmp_path / "later"), paths, "text") == []
     monkeypatch.undo()
     # A line longer than MAX_LINE_BYTES is refused (its JSON cannot be checked), wherever it is.
-    huge = b'{"text": "' + b"x" * (data_files.MAX_LINE_BYTES + 10) + b'"}\n'
+    huge = b'{"text": "' + b"x" * (data_records.MAX_LINE_BYTES + 10) + b'"}\n'
     for where, content in (("first", huge), ("late", good + huge)):
         paths = _write(tmp_path / f"huge_{where}", {"a.jsonl": content})
         (p,) = data_files.content_problems(str(tmp_path / f"huge_{where}"), paths, "text")
         assert "is longer than 16 MiB" in p.message, where
     # A first line longer than READ_BYTES is still read whole and checked, and so is the next one.
-    long = b'{"text": "' + b"x" * (data_files.READ_BYTES + 10) + b'"}\n'
+    long = b'{"text": "' + b"x" * (data_records.READ_BYTES + 10) + b'"}\n'
     paths = _write(tmp_path / "long", {"a.jsonl": long + b'{"text": "ok"}\n'})
     assert data_files.content_problems(str(tmp_path / "long"), paths, "text") == []
     paths = _write(tmp_path / "long_then_bad", {"a.jsonl": long + b'{"text": 5}\n'})
     (p,) = data_files.content_problems(str(tmp_path / "long_then_bad"), paths, "text")
     assert "line 2: 'text' is a JSON number" in p.message
-    paths = _write(tmp_path / "long_bad", {"a.jsonl": long[:-3] + b',}\n'})
+    paths = _write(tmp_path / "long_bad", {"a.jsonl": long[:-3] + b",}\n"})
     (p,) = data_files.content_problems(str(tmp_path / "long_bad"), paths, "text")
     assert "line 1: not valid JSON" in p.message
     # A JSON array longer than READ_BYTES: the elements cut by the end of the read are not errors.
     for cut in (0, 1, 2, 3):  # pretty-printed: the read ends after some line inside an element
-        array = b"[\n" + b",\n".join(b'{\n  "id": %d,\n  "text": "%s"\n}' % (i, b"x" * (20_000 + cut))
-                                    for i in range(60)) + b"\n]\n"
+        array = (
+            b"[\n"
+            + b",\n".join(b'{\n  "id": %d,\n  "text": "%s"\n}' % (i, b"x" * (20_000 + cut)) for i in range(60))
+            + b"\n]\n"
+        )
         paths = _write(tmp_path / f"array{cut}", {"a.json": array})
-        assert len(array) > data_files.READ_BYTES
+        assert len(array) > data_records.READ_BYTES
         assert data_files.content_problems(str(tmp_path / f"array{cut}"), paths, "text") == [], cut
     # Only the first MAX_FILES files (in the loader's order) are opened; problems are capped.
     files = {f"f{i:03d}.jsonl": b"" for i in range(data_files.MAX_FILES + 5)}
@@ -232,14 +240,26 @@ FLOAT_FIELDS = _float_fields()
 
 def test_every_float_field_is_found():
     keys = {k for k, _ in FLOAT_FIELDS}
-    assert {"training.lr", "training.max_norm", "training.min_lr_factor", "training.weight_decay",
-            "platform.memory_per_rank_gib", "platform.memory_per_gpu_gib", "platform.hbm_per_core_gib",
-            "launcher.stop_timeout_s"} <= keys
+    assert {
+        "training.lr",
+        "training.max_norm",
+        "training.min_lr_factor",
+        "training.weight_decay",
+        "platform.memory_per_rank_gib",
+        "platform.memory_per_gpu_gib",
+        "platform.hbm_per_core_gib",
+        "launcher.stop_timeout_s",
+    } <= keys
 
 
-@pytest.mark.parametrize("key,base", FLOAT_FIELDS, ids=[k + ("" if "name" not in b else f"[{b['name']}]")
-                                                        + ("" if "kind" not in b else f"[{b['kind']}]")
-                                                        for k, b in FLOAT_FIELDS])
+@pytest.mark.parametrize(
+    "key,base",
+    FLOAT_FIELDS,
+    ids=[
+        k + ("" if "name" not in b else f"[{b['name']}]") + ("" if "kind" not in b else f"[{b['kind']}]")
+        for k, b in FLOAT_FIELDS
+    ],
+)
 @pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan], ids=["inf", "-inf", "nan"])
 def test_non_finite_numbers_are_refused_in_every_float_field(key, base, bad):
     section, name = key.split(".")
@@ -253,17 +273,35 @@ def test_non_finite_numbers_are_refused_in_every_float_field(key, base, bad):
 
 
 # ====================================================== divisibility torchtitan checks in a rank
-@pytest.mark.parametrize("seq,tp,cp,ok", [
-    (256, 1, 1, True), (100, 1, 1, False), (264, 1, 1, True),
-    (256, 1, 2, True), (255, 1, 2, False), (264, 1, 2, False), (272, 1, 2, True),
-    (256, 2, 1, True), (256, 2, 2, True), (256, 2, 4, True), (80, 2, 4, False),
-    (64, 8, 2, True), (48, 8, 2, False),  # sequence parallelism: tp x 2cp = 32 must divide seq_len
-])
+@pytest.mark.parametrize(
+    "seq,tp,cp,ok",
+    [
+        (256, 1, 1, True),
+        (100, 1, 1, False),
+        (264, 1, 1, True),
+        (256, 1, 2, True),
+        (255, 1, 2, False),
+        (264, 1, 2, False),
+        (272, 1, 2, True),
+        (256, 2, 1, True),
+        (256, 2, 2, True),
+        (256, 2, 4, True),
+        (80, 2, 4, False),
+        (64, 8, 2, True),
+        (48, 8, 2, False),  # sequence parallelism: tp x 2cp = 32 must divide seq_len
+    ],
+)
 def test_seq_len_against_cp_and_loss_chunks(seq, tp, cp, ok):
     n = max(tp * cp, 1)
-    checked = check_experiment({"name": "t", "model": {"backend": "native", "flavor": "0.6B"},
-                                "training": {"seq_len": seq}, "parallelism": {"tp": tp, "cp": cp},
-                                "launcher": {"kind": "local", "nproc_per_node": n}})
+    checked = check_experiment(
+        {
+            "name": "t",
+            "model": {"backend": "native", "flavor": "0.6B"},
+            "training": {"seq_len": seq},
+            "parallelism": {"tp": tp, "cp": cp},
+            "launcher": {"kind": "local", "nproc_per_node": n},
+        }
+    )
     seq_problems = [p for p in checked.problems if p.key == "training.seq_len"]
     assert (not seq_problems) == ok, [p.render() for p in checked.problems]
 
@@ -271,8 +309,12 @@ def test_seq_len_against_cp_and_loss_chunks(seq, tp, cp, ok):
 def test_sequence_parallel_share_needs_tp_to_divide_seq_len(tmp_path):
     # No flavor has 3 (or 6) heads per rank: use config.json (flavor=auto), whose rules model_files applies.
     folder = _model_folder(tmp_path / "h6", num_attention_heads=6, num_key_value_heads=3, head_dim=32)
-    exp = _exp(model={"backend": "native", "flavor": "auto", "hf_assets_path": str(folder)},
-               training={"seq_len": 64}, parallelism={"tp": 3}, launcher={"kind": "local", "nproc_per_node": 3})
+    exp = _exp(
+        model={"backend": "native", "flavor": "auto", "hf_assets_path": str(folder)},
+        training={"seq_len": 64},
+        parallelism={"tp": 3},
+        launcher={"kind": "local", "nproc_per_node": 3},
+    )
     with pytest.raises(ConfigError) as e:
         model_files.check(exp)
     (p,) = e.value.problems
@@ -280,8 +322,14 @@ def test_sequence_parallel_share_needs_tp_to_divide_seq_len(tmp_path):
     assert "sequence parallelism (on with parallelism.tp=3)" in p.message
     assert p.hint == "nearest valid values: training.seq_len=48 or 72"
     # A tp that does not fit the heads is one mistake: no second message about seq_len.
-    checked = check_experiment({"name": "t", "model": {"backend": "native", "flavor": "tiny"},
-                                "parallelism": {"tp": 3}, "training": {"seq_len": 64}})
+    checked = check_experiment(
+        {
+            "name": "t",
+            "model": {"backend": "native", "flavor": "tiny"},
+            "parallelism": {"tp": 3},
+            "training": {"seq_len": 64},
+        }
+    )
     assert "training.seq_len" not in _keys(checked.problems)
 
 
@@ -299,8 +347,11 @@ def _model_folder(path: Path, *, weights: dict | None = None, **config) -> Path:
 @pytest.mark.parametrize("backend", ["native", "hf"])
 def test_heads_not_divisible_by_kv_heads(tmp_path, backend):
     folder = _model_folder(tmp_path / "kv3", num_key_value_heads=3)
-    model = ({"backend": "native", "flavor": "auto", "hf_assets_path": str(folder)} if backend == "native"
-             else {"backend": "hf", "hf_model": str(folder)})
+    model = (
+        {"backend": "native", "flavor": "auto", "hf_assets_path": str(folder)}
+        if backend == "native"
+        else {"backend": "hf", "hf_model": str(folder)}
+    )
     with pytest.raises(ConfigError) as e:
         model_files.check(_exp(model=model))
     p = next(p for p in e.value.problems if "num_key_value_heads" in p.message)
@@ -319,16 +370,21 @@ def test_config_json_head_counts_must_be_positive_integers(bad):
 
 # ======================================================================== pipeline parallel
 def test_pp_with_tied_embeddings_is_refused_naming_parallelism_pp():
-    checked = check_experiment({"name": "t", "model": {"backend": "native", "flavor": "tiny"},
-                                "parallelism": {"pp": 2}})
+    checked = check_experiment(
+        {"name": "t", "model": {"backend": "native", "flavor": "tiny"}, "parallelism": {"pp": 2}}
+    )
     (p,) = checked.problems
     assert p.key == "parallelism.pp" and p.allowed == "1 for a model with tied embeddings"
     assert "model=hf" in p.hint and "tiny_moe" in p.hint
 
 
 def test_pp_on_untied_and_on_hf_models_is_planned():
-    exp = _exp(model={"backend": "native", "flavor": "tiny_moe"}, parallelism={"pp": 2},
-               platform={"name": "cpu"}, training={"seq_len": 64})
+    exp = _exp(
+        model={"backend": "native", "flavor": "tiny_moe"},
+        parallelism={"pp": 2},
+        platform={"name": "cpu"},
+        training={"seq_len": 64},
+    )
     plan = make_plan(exp, "/tmp/unused")
     assert plan.mesh.pp == 2
     exp = _exp(model={"backend": "hf"}, parallelism={"pp": 2}, platform={"name": "cpu"}, training={"seq_len": 64})
@@ -336,8 +392,14 @@ def test_pp_on_untied_and_on_hf_models_is_planned():
 
 
 def test_pp_beyond_the_stages_the_model_can_fill():
-    checked = check_experiment({"name": "t", "model": {"backend": "native", "flavor": "tiny_moe"},
-                                "parallelism": {"pp": 5}, "launcher": {"kind": "local", "nproc_per_node": 5}})
+    checked = check_experiment(
+        {
+            "name": "t",
+            "model": {"backend": "native", "flavor": "tiny_moe"},
+            "parallelism": {"pp": 5},
+            "launcher": {"kind": "local", "nproc_per_node": 5},
+        }
+    )
     (p,) = [p for p in checked.problems if p.key == "parallelism.pp"]
     assert p.allowed == "1..4" and "2 layers + embedding + output" in p.message
 
@@ -346,8 +408,16 @@ def test_pp_beyond_the_stages_the_model_can_fill():
 def test_pp_2_trains_on_cpu(tmp_path):
     """parallelism.pp=2 was refused inside torchtitan (CUDA graphs); it now trains, 2 stages on 2 ranks."""
     run = tmp_path / "run"
-    r = run_cli("platform=cpu", "model.flavor=tiny_moe", "parallelism.pp=2", "launcher.nproc_per_node=2",
-                "training.steps=3", "training.warmup_steps=1", "training.seq_len=64", f"hydra.run.dir={run}")
+    r = run_cli(
+        "platform=cpu",
+        "model.flavor=tiny_moe",
+        "parallelism.pp=2",
+        "launcher.nproc_per_node=2",
+        "training.steps=3",
+        "training.warmup_steps=1",
+        "training.seq_len=64",
+        f"hydra.run.dir={run}",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     summary = read_summary(run)
     assert summary["status"] == "completed" and summary["steps_completed"] == 3
@@ -359,9 +429,20 @@ def test_pp_2_trains_on_cpu(tmp_path):
 
 
 # ================================================================= safetensors dtypes and values
-_BITS = {"F64": np.uint64, "F32": np.uint32, "F16": np.uint16, "BF16": np.uint16, "F8_E4M3": np.uint8,
-         "F8_E5M2": np.uint8, "I32": np.int32, "I64": np.int64, "I8": np.int8, "U8": np.uint8, "BOOL": np.uint8,
-         "I16": np.int16}
+_BITS = {
+    "F64": np.uint64,
+    "F32": np.uint32,
+    "F16": np.uint16,
+    "BF16": np.uint16,
+    "F8_E4M3": np.uint8,
+    "F8_E5M2": np.uint8,
+    "I32": np.int32,
+    "I64": np.int64,
+    "I8": np.int8,
+    "U8": np.uint8,
+    "BOOL": np.uint8,
+    "I16": np.int16,
+}
 
 
 def _write_safetensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...], np.ndarray]]) -> None:
@@ -391,10 +472,18 @@ def _tiny_weights(dtype: str = "F32", **damage) -> dict:
     return out
 
 
-NAN_INF = {"F32": [0x7FC00000, 0x7F800000, 0xFF800000, 0x7F800001], "F16": [0x7E00, 0x7C00, 0xFC00],
-           "BF16": [0x7FC0, 0x7F80, 0xFF80], "F64": [0x7FF8000000000000, 0x7FF0000000000000, 0xFFF0000000000000]}
-FINITE_EXTREMES = {"F32": [0x7F7FFFFF, 0xFF7FFFFF, 0x00000001, 0x80000000], "F16": [0x7BFF, 0xFBFF, 0x0001],
-                   "BF16": [0x7F7F, 0xFF7F, 0x0001], "F64": [0x7FEFFFFFFFFFFFFF, 0x0000000000000001]}
+NAN_INF = {
+    "F32": [0x7FC00000, 0x7F800000, 0xFF800000, 0x7F800001],
+    "F16": [0x7E00, 0x7C00, 0xFC00],
+    "BF16": [0x7FC0, 0x7F80, 0xFF80],
+    "F64": [0x7FF8000000000000, 0x7FF0000000000000, 0xFFF0000000000000],
+}
+FINITE_EXTREMES = {
+    "F32": [0x7F7FFFFF, 0xFF7FFFFF, 0x00000001, 0x80000000],
+    "F16": [0x7BFF, 0xFBFF, 0x0001],
+    "BF16": [0x7F7F, 0xFF7F, 0x0001],
+    "F64": [0x7FEFFFFFFFFFFFFF, 0x0000000000000001],
+}
 
 
 @pytest.mark.parametrize("dtype", ["F32", "F16", "BF16", "F64"])
@@ -403,17 +492,19 @@ def test_nan_and_inf_are_found_by_their_bits(tmp_path, dtype):
     for i, bits in enumerate(NAN_INF[dtype]):
         path = tmp_path / f"bad{i}.safetensors"
         _write_safetensors(path, {name: (dtype, (64, 128), _tiny_weights(dtype, **{name: (4097, bits)})[name][2])})
-        entries = list(model_files.tensor_entries([path]).values())
+        entries = list(weight_values.tensor_entries([path]).values())
         assert nonfinite_tensors(entries)[0] == [name], hex(bits)
     path = tmp_path / "finite.safetensors"
     raw = np.array(FINITE_EXTREMES[dtype], dtype=_BITS[dtype])
     _write_safetensors(path, {"x": (dtype, raw.shape, raw)})
-    assert nonfinite_tensors(list(model_files.tensor_entries([path]).values()))[0] == []
+    assert nonfinite_tensors(list(weight_values.tensor_entries([path]).values()))[0] == []
 
 
 def _hf_load(folder: Path, **model):
-    return _exp(model={"backend": "native", "flavor": "tiny", "hf_assets_path": str(folder), **model},
-                checkpoint={"kind": "hf_load"})
+    return _exp(
+        model={"backend": "native", "flavor": "tiny", "hf_assets_path": str(folder), **model},
+        checkpoint={"kind": "hf_load"},
+    )
 
 
 def test_nan_weights_behind_a_valid_header_are_refused(tmp_path):
@@ -438,8 +529,10 @@ def test_integer_weights_are_refused_naming_the_tensors(tmp_path, dtype):
     with pytest.raises(ConfigError) as e:
         model_files.check(_hf_load(folder))
     (p,) = e.value.problems
-    assert p.message == (f"tensors with a dtype that is not floating point: model.embed_tokens.weight ({dtype}), "
-                         f"model.norm.weight ({dtype})")
+    assert p.message == (
+        f"tensors with a dtype that is not floating point: model.embed_tokens.weight ({dtype}), "
+        f"model.norm.weight ({dtype})"
+    )
     assert p.allowed.startswith("safetensors whose weights are F64, F32, F16, BF16")
 
 
@@ -458,7 +551,7 @@ def test_scan_budget_samples_deterministically(tmp_path):
     raw = np.zeros(n, dtype=np.uint32)
     path = tmp_path / "big.safetensors"
     _write_safetensors(path, {"w": ("F32", (n,), raw)})
-    entries = list(model_files.tensor_entries([path]).values())
+    entries = list(weight_values.tensor_entries([path]).values())
     budget = 2**20
     bad, scanned, total = nonfinite_tensors(entries, budget=budget)
     assert bad == [] and total == 4 * n and scanned <= budget and scanned >= budget // 2
@@ -476,19 +569,20 @@ def test_an_8_gib_checkpoint_is_checked_in_about_a_second(tmp_path):
     reads about SCAN_BUDGET_BYTES, not the file."""
     path = tmp_path / "model.safetensors"
     per = 8 * 2**30 // 400 // 2 * 2
-    header = {f"t{i}": {"dtype": "BF16", "shape": [per // 2], "data_offsets": [i * per, (i + 1) * per]}
-              for i in range(400)}
+    header = {
+        f"t{i}": {"dtype": "BF16", "shape": [per // 2], "data_offsets": [i * per, (i + 1) * per]} for i in range(400)
+    }
     text = json.dumps(header).encode()
     text += b" " * (-len(text) % 8)
     with open(path, "wb") as f:
         f.write(len(text).to_bytes(8, "little") + text)
         f.truncate(8 + len(text) + 400 * per)
-    entries = list(model_files.tensor_entries([path]).values())
+    entries = list(weight_values.tensor_entries([path]).values())
     t0 = time.perf_counter()
     bad, scanned, total = nonfinite_tensors(entries)
     elapsed = time.perf_counter() - t0
     assert bad == [] and total == 400 * per
-    assert scanned <= model_files.SCAN_BUDGET_BYTES + 400 * model_files.SCAN_BLOCK_BYTES
+    assert scanned <= weight_values.SCAN_BUDGET_BYTES + 400 * weight_values.SCAN_BLOCK_BYTES
     assert elapsed < 5, elapsed  # about a second (0.3 s here, cold); slack for a loaded CI host
 
 
@@ -522,13 +616,17 @@ def test_hf_rope_types_are_transformers_own():
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}
 
 
-@pytest.mark.parametrize("config", [
-    {"rope_scaling": YARN},
-    {"rope_scaling": {"type": "linear", "factor": 2.0}},
-    {"rope_parameters": {**YARN, "rope_theta": 1e6}},
-    # transformers 5 reads rope_scaling over rope_parameters: a default rope_parameters hides nothing
-    {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}, "rope_scaling": YARN},
-], ids=["rope_scaling", "legacy_type_key", "rope_parameters", "both_keys"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"rope_scaling": YARN},
+        {"rope_scaling": {"type": "linear", "factor": 2.0}},
+        {"rope_parameters": {**YARN, "rope_theta": 1e6}},
+        # transformers 5 reads rope_scaling over rope_parameters: a default rope_parameters hides nothing
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}, "rope_scaling": YARN},
+    ],
+    ids=["rope_scaling", "legacy_type_key", "rope_parameters", "both_keys"],
+)
 @pytest.mark.parametrize("flavor", ["auto", "tiny"])
 def test_rope_scaling_is_refused_for_the_native_model(tmp_path, config, flavor):
     folder = _model_folder(tmp_path / "rope", **config)
@@ -553,8 +651,9 @@ def test_rope_scaling_is_accepted_by_model_hf_when_transformers_implements_it(tm
             model_files.check(_exp(model=model))
         (p,) = e.value.problems
         assert "'squeezed'" in p.message
-    plain = _model_folder(tmp_path / "plain", rope_scaling=None, rope_parameters={"rope_type": "default",
-                                                                                  "rope_theta": 1e6})
+    plain = _model_folder(
+        tmp_path / "plain", rope_scaling=None, rope_parameters={"rope_type": "default", "rope_theta": 1e6}
+    )
     model_files.check(_exp(model={"backend": "native", "flavor": "auto", "hf_assets_path": str(plain)}))
 
 
@@ -576,8 +675,9 @@ def test_a_folder_asking_for_remote_code_is_refused(tmp_path, where):
             exp = _exp(model={"backend": "hf", "hf_model": str(remote)})
         case "checkpoint.path":
             _write_safetensors(remote / "model.safetensors", _tiny_weights("F32"))
-            exp = _exp(model={"backend": "native", "flavor": "tiny"},
-                       checkpoint={"kind": "hf_load", "path": str(remote)})
+            exp = _exp(
+                model={"backend": "native", "flavor": "tiny"}, checkpoint={"kind": "hf_load", "path": str(remote)}
+            )
     with pytest.raises(ConfigError) as e:
         model_files.check(exp)
     p = next(p for p in e.value.problems if "auto_map" in p.message)
@@ -588,14 +688,17 @@ def test_a_folder_asking_for_remote_code_is_refused(tmp_path, where):
 
 
 # ================================================================================ host: memory, cores
-def _cpu_plan(monkeypatch, *, available_gib: float | None = None, cores: int = 2, dry_run: bool = False,
-              **platform):
+def _cpu_plan(monkeypatch, *, available_gib: float | None = None, cores: int = 2, dry_run: bool = False, **platform):
     if available_gib is not None:
         monkeypatch.setattr(cpu, "available_memory", lambda: int(available_gib * 2**30))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
     nproc = platform.pop("nproc", 2)
-    exp = _exp(platform={"name": "cpu", **platform}, launcher={"kind": "local", "nproc_per_node": nproc},
-               training={"seq_len": 64, "local_batch_size": 1}, dry_run=dry_run)
+    exp = _exp(
+        platform={"name": "cpu", **platform},
+        launcher={"kind": "local", "nproc_per_node": nproc},
+        training={"seq_len": 64, "local_batch_size": 1},
+        dry_run=dry_run,
+    )
     return make_plan(exp, "/tmp/unused")
 
 
@@ -614,9 +717,11 @@ def test_per_process_runtime_times_ranks_must_fit_available_memory(monkeypatch):
 def test_the_measured_runtime_per_rank_is_not_below_a_bare_import():
     """RANK_RUNTIME_BYTES was measured (qwen3exp/platforms/cpu.py); a process that only imports
     torch and torchtitan must hold less private memory than that."""
-    script = ("import torch, torchtitan.trainer\n"
-              "print('ANON', next(int(l.split()[1]) * 1024 for l in open('/proc/self/smaps_rollup')"
-              " if l.startswith('Anonymous:')))")
+    script = (
+        "import torch, torchtitan.trainer\n"
+        "print('ANON', next(int(l.split()[1]) * 1024 for l in open('/proc/self/smaps_rollup')"
+        " if l.startswith('Anonymous:')))"
+    )
     if not Path("/proc/self/smaps_rollup").exists():
         pytest.skip("no /proc/self/smaps_rollup")
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
@@ -636,8 +741,9 @@ def test_gross_cpu_oversubscription_is_refused(monkeypatch):
         _cpu_plan(monkeypatch, available_gib=10_000, cores=2, nproc=1, threads_per_rank=16)
     assert _keys(e.value.problems) == ["platform.threads_per_rank"]
     plan = _cpu_plan(monkeypatch, available_gib=10_000, cores=2, nproc=64, dry_run=True)
-    assert any("A REAL RUN IS REFUSED: launcher.nproc_per_node = 64" in w and "threads per core" in w
-               for w in plan.warnings)
+    assert any(
+        "A REAL RUN IS REFUSED: launcher.nproc_per_node = 64" in w and "threads per core" in w for w in plan.warnings
+    )
 
 
 def test_host_is_not_checked_for_ranks_that_run_elsewhere(monkeypatch):
@@ -659,13 +765,16 @@ def test_dry_run_cli_says_64_ranks_do_not_fit_this_host(tmp_path):
         assert "A REAL RUN IS REFUSED: launcher.nproc_per_node = 64" in r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("files,fraction,refused", [
-    ({"a.jsonl": b'{"text": "a"}\n{"text": "b"}\n'}, 0.9, True),      # 2 of 2 held out
-    ({"a.jsonl": b'{"text": "a"}\n'}, 0.1, True),                    # one document: no side to spare
-    ({"a.txt": b"one\n\ntwo\n\nthree\n"}, 0.5, False),               # 2 of 3 paragraphs: one trains
-    ({"a.txt": b"one\n\ntwo\n"}, 0.9, True),
-    ({"a.jsonl": b'{"text": "a"}\n{"text": "b"}\n'}, 0.2, False),
-])
+@pytest.mark.parametrize(
+    "files,fraction,refused",
+    [
+        ({"a.jsonl": b'{"text": "a"}\n{"text": "b"}\n'}, 0.9, True),  # 2 of 2 held out
+        ({"a.jsonl": b'{"text": "a"}\n'}, 0.1, True),  # one document: no side to spare
+        ({"a.txt": b"one\n\ntwo\n\nthree\n"}, 0.5, False),  # 2 of 3 paragraphs: one trains
+        ({"a.txt": b"one\n\ntwo\n"}, 0.9, True),
+        ({"a.jsonl": b'{"text": "a"}\n{"text": "b"}\n'}, 0.2, False),
+    ],
+)
 def test_a_split_that_leaves_nothing_to_train_is_refused(tmp_path, files, fraction, refused):
     """validation.fraction of too few documents: the ranks would raise it while building their data
     loaders (`held_out`, shared with them); the plan refuses it, naming validation.fraction."""

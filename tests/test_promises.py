@@ -60,8 +60,19 @@ def table(folder, tmp_path_factory) -> dict[str, tuple]:
                 argv = [a.format(folder=folder) for a in args] + [mistake, f"hydra.run.dir={outs[case]}/run"]
                 rows.append((case, argv + (["dry_run=true"] if dry else [])))
     outs["two_mistakes"] = tmp_path_factory.mktemp("two_mistakes")
-    rows.append(("two_mistakes", ["model=hf", f"model.hf_assets_path={folder}", "training.lr=abc", "parallelism.tp=3",
-                                  f"hydra.run.dir={outs['two_mistakes']}/run", "dry_run=true"]))
+    rows.append(
+        (
+            "two_mistakes",
+            [
+                "model=hf",
+                f"model.hf_assets_path={folder}",
+                "training.lr=abc",
+                "parallelism.tp=3",
+                f"hydra.run.dir={outs['two_mistakes']}/run",
+                "dry_run=true",
+            ],
+        )
+    )
     chunks = [rows[i::WORKERS] for i in range(WORKERS)]
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         helpers = [pool.submit(_helper, chunk, tmp_path_factory.mktemp("helper")) for chunk in chunks]
@@ -69,8 +80,11 @@ def table(folder, tmp_path_factory) -> dict[str, tuple]:
 
 
 @pytest.mark.parametrize("form", MODEL_FORMS)
-@pytest.mark.parametrize("section,dry", [(s, True) for s in MISTAKES] + [(s, False) for s in REAL_TOO],
-                         ids=[f"{s}-dry" for s in MISTAKES] + [f"{s}-real" for s in REAL_TOO])
+@pytest.mark.parametrize(
+    "section,dry",
+    [(s, True) for s in MISTAKES] + [(s, False) for s in REAL_TOO],
+    ids=[f"{s}-dry" for s in MISTAKES] + [f"{s}-real" for s in REAL_TOO],
+)
 def test_a_model_folder_and_a_mistake_in_any_section(table, form, section, dry):
     code, out, err, where = table[f"{form}-{section}-{'dry' if dry else 'real'}"]
     assert code == 2, out + err
@@ -106,12 +120,12 @@ def _main(*argv: str) -> int:
 def test_a_check_that_crashes_is_a_bug_with_nothing_left(fresh, monkeypatch, capfd, dry):
     """A check that raises something other than a refusal: exit 70 (never 0, not even in a dry run),
     said to be a bug in qwen3exp, and nothing left in the run directory's place."""
-    from qwen3exp.plan import build
+    from qwen3exp.launchers import points
 
     def crash(*_a, **_k):
         raise AttributeError("'types.SimpleNamespace' object has no attribute 'kernels'")
 
-    monkeypatch.setattr(build, "make_plan", crash)
+    monkeypatch.setattr(points, "make_plan", crash)  # the launcher's check of a job plans it
     code = _main("training.steps=2", "hydra.run.dir=outputs/run", *(["dry_run=true"] if dry else []))
     err = capfd.readouterr().err
     assert code == 70, err
@@ -123,13 +137,13 @@ def test_a_check_that_crashes_is_a_bug_with_nothing_left(fresh, monkeypatch, cap
 def test_a_signal_while_planning_leaves_nothing(fresh, monkeypatch, capfd, how):
     """Ctrl-C, a hang-up or a SIGTERM while the launcher checks: 130 / 143, nothing kept, so the
     same command runs again without being refused."""
-    from qwen3exp.plan import build
+    from qwen3exp.launchers import points
 
     def interrupted(*_a, **_k):
         os.kill(os.getpid(), getattr(signal, how))
         raise AssertionError("the signal's handler raises before this line")
 
-    monkeypatch.setattr(build, "make_plan", interrupted)
+    monkeypatch.setattr(points, "make_plan", interrupted)
     code = _main("training.steps=2", "hydra.run.dir=outputs/run")
     err = capfd.readouterr().err
     assert code == (130 if how == "SIGINT" else 143), err
@@ -150,8 +164,9 @@ def test_a_job_that_would_change_directory_is_refused(fresh, capfd):
     """hydra.job.chdir=true would run the job in its run directory, where the relative data.path the
     plan checked names another file (the ranks failed reading it)."""
     (fresh / "data.jsonl").write_text('{"text": "a b"}\n{"text": "c d"}\n{"text": "e f"}\n')
-    code = _main("data=local", "data.path=data.jsonl", "hydra.job.chdir=true", "hydra.run.dir=outputs/run",
-                 "dry_run=true")
+    code = _main(
+        "data=local", "data.path=data.jsonl", "hydra.job.chdir=true", "hydra.run.dir=outputs/run", "dry_run=true"
+    )
     err = capfd.readouterr().err
     assert code == 2 and "  hydra.job.chdir = True: would run each job inside its run directory" in err, err
     assert not (fresh / "outputs").exists()
@@ -160,8 +175,9 @@ def test_a_job_that_would_change_directory_is_refused(fresh, capfd):
 def test_a_sweep_over_hydra_settings_is_refused_before_anything(fresh, capfd):
     """Hydra's sweeper refuses to sweep its own settings only after the sweep directory exists
     (exit 1); qwen3exp refuses it first, naming the key."""
-    code = _main("-m", "training.seed=1,2", "hydra.job.name=a,../../evil", "hydra.sweep.dir=outputs/sweep",
-                 "dry_run=true")
+    code = _main(
+        "-m", "training.seed=1,2", "hydra.job.name=a,../../evil", "hydra.sweep.dir=outputs/sweep", "dry_run=true"
+    )
     err = capfd.readouterr().err
     assert code == 2 and "  hydra.job.name = 'a,../../evil': is a sweep over Hydra's own settings" in err, err
     assert not (fresh / "outputs").exists()

@@ -74,7 +74,7 @@ def _within(seconds: float, fn, *fifos: Path):
 
 
 # ------------------------------------------------------------------ 1. relaunch reads data only
-DECODE_HANDLERS = "${oc.decode:\"{h: {class: planted_cb.Handler}}\"}"
+DECODE_HANDLERS = '${oc.decode:"{h: {class: planted_cb.Handler}}"}'
 
 
 @pytest.mark.parametrize("where", ["name", "hydra.job_logging.handlers", "hydra.job_logging.handlers.f"])
@@ -87,11 +87,12 @@ def test_relaunch_resolves_no_interpolation(tmp_path, monkeypatch, capsys, compo
     elif where == "hydra.job_logging.handlers":  # a handler class imported from the run directory
         config["hydra"] = {"job_logging": {"version": 1, "handlers": DECODE_HANDLERS, "root": {"handlers": ["h"]}}}
     else:  # a log file outside the run, opened for writing (truncated)
-        handler = f"${{oc.decode:\"{{class: logging.FileHandler, filename: {victim}, mode: w}}\"}}"
+        handler = f'${{oc.decode:"{{class: logging.FileHandler, filename: {victim}, mode: w}}"}}'
         config["hydra"] = {"job_logging": {"version": 1, "handlers": {"f": handler}, "root": {"handlers": ["f"]}}}
     run = _recorded(tmp_path, config)
-    (run / "planted_cb.py").write_text(PLANTED.format(marker=str(marker), tail="import logging\n"
-                                                      "class Handler(logging.StreamHandler): pass"))
+    (run / "planted_cb.py").write_text(
+        PLANTED.format(marker=str(marker), tail="import logging\nclass Handler(logging.StreamHandler): pass")
+    )
     monkeypatch.chdir(run)
     monkeypatch.syspath_prepend(str(run))  # as `cd RUN && qwen3exp relaunch .` has it
     monkeypatch.setenv("QWEN3EXP_TEST_SECRET", "s3cr3t-value")
@@ -107,8 +108,12 @@ def test_an_interpolation_the_relaunch_overrides_is_never_resolved(tmp_path):
     from qwen3exp.analysis.recorded_config import interpolation_problems
 
     log = {"class": "logging.FileHandler", "filename": "${hydra.runtime.output_dir}/${hydra.job.name}.log"}
-    data = {"name": "${oc.env:HOME}", "data": {"path": "${oc.env:X}/a.jsonl"}, "tags": ["a", "${oc.env:Y}"],
-            "hydra": {"job_logging": {"handlers": {"file": log}}}}
+    data = {
+        "name": "${oc.env:HOME}",
+        "data": {"path": "${oc.env:X}/a.jsonl"},
+        "tags": ["a", "${oc.env:Y}"],
+        "hydra": {"job_logging": {"handlers": {"file": log}}},
+    }
     assert [p.key for p in interpolation_problems(data)] == ["name", "data.path", "tags[1]"]
     assert [p.key for p in interpolation_problems(data, ("name=mine", "+data.path=/d.jsonl"))] == ["tags[1]"]
 
@@ -142,8 +147,14 @@ def test_relaunch_never_continues_into_a_checkpoint(tmp_path, capsys, into):
     from qwen3exp.config.schema import validate_experiment
     from qwen3exp.run import identity, rundir
 
-    config = compose("platform=cpu", "training.steps=2", "training.warmup_steps=1", "launcher.nproc_per_node=1",
-                     "checkpoint=dcp", "checkpoint.interval=1")
+    config = compose(
+        "platform=cpu",
+        "training.steps=2",
+        "training.warmup_steps=1",
+        "launcher.nproc_per_node=1",
+        "checkpoint=dcp",
+        "checkpoint.interval=1",
+    )
     run = _recorded(tmp_path, config)
     recorded = rundir.experiment_yaml(identity.recorded_data(validate_experiment(config)))
     target = run if into == "the recorded run" else tmp_path / "copy"
@@ -161,7 +172,8 @@ def test_relaunch_never_continues_into_a_checkpoint(tmp_path, capsys, into):
 # -------------------------------------------------- 2. limits before parsing, refused in < 1 s
 def _bomb(levels: int = 10) -> str:
     return "a0: &a0 [x, x, x, x, x, x, x, x, x]\n" + "".join(
-        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, levels))
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, levels)
+    )
 
 
 def _sparse(path: Path, size: int = 50_000_000) -> Path:
@@ -170,16 +182,19 @@ def _sparse(path: Path, size: int = 50_000_000) -> Path:
     return path
 
 
-@pytest.mark.parametrize("name, text, why", [
-    ("bomb.yaml", _bomb(), "alias bomb"),
-    ("chain.yaml", "a0: &a0 [x]\n" + "".join(f"a{i}: &a{i} [*a{i - 1}]\n" for i in range(1, 300)), "deeper"),
-    ("loop.yaml", "a: &a [x, *a]\n", "recursive"),
-    ("deep.yaml", "".join(" " * i + f"k{i}:\n" for i in range(200)) + " " * 200 + "v: 1\n", "deeper"),
-    ("many.yaml", "[" + "1, " * 60_000 + "1]\n", "tokens"),
-    ("deep.json", "[" * 50_000 + "]" * 50_000, "deeper"),
-    ("big.yaml", None, "more than a recorded file holds"),
-    ("big.json", None, "more than a recorded file holds"),
-])
+@pytest.mark.parametrize(
+    "name, text, why",
+    [
+        ("bomb.yaml", _bomb(), "alias bomb"),
+        ("chain.yaml", "a0: &a0 [x]\n" + "".join(f"a{i}: &a{i} [*a{i - 1}]\n" for i in range(1, 300)), "deeper"),
+        ("loop.yaml", "a: &a [x, *a]\n", "recursive"),
+        ("deep.yaml", "".join(" " * i + f"k{i}:\n" for i in range(200)) + " " * 200 + "v: 1\n", "deeper"),
+        ("many.yaml", "[" + "1, " * 60_000 + "1]\n", "tokens"),
+        ("deep.json", "[" * 50_000 + "]" * 50_000, "deeper"),
+        ("big.yaml", None, "more than a recorded file holds"),
+        ("big.json", None, "more than a recorded file holds"),
+    ],
+)
 def test_records_refuse_bombs_and_huge_files_at_once(tmp_path, name, text, why):
     from qwen3exp.run import records
 
@@ -208,8 +223,11 @@ def test_tools_refuse_a_bomb_or_a_huge_file_with_exit_2(tmp_path, capsys, compos
     (b / "experiment.yaml").write_text(_bomb())
     _sparse(a / "summary.json")
     relaunched = _recorded(tmp_path, composed, text=_bomb())
-    for argv, named in ((("diff", str(a), str(b)), b / "experiment.yaml"), (("report", str(a)), a / "summary.json"),
-                        (("relaunch", str(relaunched)), "(recorded config)")):
+    for argv, named in (
+        (("diff", str(a), str(b)), b / "experiment.yaml"),
+        (("report", str(a)), a / "summary.json"),
+        (("relaunch", str(relaunched)), "(recorded config)"),
+    ):
         code, seconds = _within(30, lambda argv=argv: _cli(*argv))
         err = capsys.readouterr().err
         assert code == 2 and str(named) in err and "Traceback" not in err, err
@@ -217,15 +235,17 @@ def test_tools_refuse_a_bomb_or_a_huge_file_with_exit_2(tmp_path, capsys, compos
 
 
 # ------------------------------------------------------- 3. tools on hostile input
-def _run_dir(path: Path, experiment: dict, rows: list | None = None, summary: dict | None = None,
-             provenance: dict | None = None) -> Path:
+def _run_dir(
+    path: Path, experiment: dict, rows: list | None = None, summary: dict | None = None, provenance: dict | None = None
+) -> Path:
     from qwen3exp.run import rundir
 
     path.mkdir(parents=True)
     (path / rundir.EXPERIMENT).write_text(rundir.experiment_yaml(experiment))
     if rows is not None:
-        (path / rundir.METRICS).write_bytes(b"".join(r if isinstance(r, bytes) else json.dumps(r).encode() + b"\n"
-                                                     for r in rows))
+        (path / rundir.METRICS).write_bytes(
+            b"".join(r if isinstance(r, bytes) else json.dumps(r).encode() + b"\n" for r in rows)
+        )
     if summary is not None:
         (path / rundir.SUMMARY).write_text(json.dumps(summary))
     if provenance is not None:
@@ -236,11 +256,21 @@ def _run_dir(path: Path, experiment: dict, rows: list | None = None, summary: di
 def test_report_leaves_out_garbage_metrics_lines_and_names_them(tmp_path, capsys):
     from qwen3exp.analysis import report
 
-    garbage = [b"[1, 2]\n", b'"loss"\n', b'{"step": "x", "loss": 1.0}\n', b'{"step": 2, "loss": "abc"}\n',
-               b'{"step": 3, "loss": true}\n', b"\xff\xfe not utf-8\n", b'{"step": 4, "loss": 1' + b"0" * 400 + b"}\n",
-               b'{"step": 5, "tokens_per_second": {"a": 1}, "loss": 1.0}\n', b"{" * 70_000 + b"\n", b'{"step": 6, "lo']
-    run = _run_dir(tmp_path / "run", {"training": {"lr": 0.001}},
-                   [{"step": 1, "loss": 3.0, "tokens_per_second": 10.0}, *garbage])
+    garbage = [
+        b"[1, 2]\n",
+        b'"loss"\n',
+        b'{"step": "x", "loss": 1.0}\n',
+        b'{"step": 2, "loss": "abc"}\n',
+        b'{"step": 3, "loss": true}\n',
+        b"\xff\xfe not utf-8\n",
+        b'{"step": 4, "loss": 1' + b"0" * 400 + b"}\n",
+        b'{"step": 5, "tokens_per_second": {"a": 1}, "loss": 1.0}\n',
+        b"{" * 70_000 + b"\n",
+        b'{"step": 6, "lo',
+    ]
+    run = _run_dir(
+        tmp_path / "run", {"training": {"lr": 0.001}}, [{"step": 1, "loss": 3.0, "tokens_per_second": 10.0}, *garbage]
+    )
     assert report.main([str(run), "--no-files"]) == 0
     out, err = capsys.readouterr()
     assert "3.0000" in out and "Traceback" not in err
@@ -273,8 +303,10 @@ def test_report_into_a_read_only_folder_is_exit_2(tmp_path, capsys, monkeypatch)
     run = _run_dir(tmp_path / "run", {"training": {"lr": 0.001}}, [{"step": 1, "loss": 3.0}])
     run.chmod(0o555)
     if os.geteuid() == 0:  # root writes into a 0555 folder: fail the write as the kernel would for a user
+
         def refuse(path, text):
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
         monkeypatch.setattr(rundir, "atomic_write_text", refuse)
     try:
         assert report.main([str(run)]) == 2
@@ -312,8 +344,13 @@ def test_unknown_options_and_impossible_folders_are_exit_2(tmp_path, capsys, mon
 
     run = _run_dir(tmp_path / "run", {"training": {"lr": 0.001}}, [{"step": 1, "loss": 3.0}])
     monkeypatch.chdir(tmp_path)
-    for argv in (("report", "--frobnicate", str(run)), ("diff", "--frobnicate", str(run), str(run)),
-                 ("init", "--frobnicate"), ("init", "a", "b"), ("relaunch", str(run), "--frobnicate")):
+    for argv in (
+        ("report", "--frobnicate", str(run)),
+        ("diff", "--frobnicate", str(run), str(run)),
+        ("init", "--frobnicate"),
+        ("init", "a", "b"),
+        ("relaunch", str(run), "--frobnicate"),
+    ):
         assert _cli(*argv) == 2, argv
         assert "Traceback" not in capsys.readouterr().err
     assert not (tmp_path / "--frobnicate").exists() and not (tmp_path / "a").exists()
@@ -346,6 +383,7 @@ def test_report_never_replaces_a_file_it_did_not_write(tmp_path, capsys):
 # ------------------------------------------------------- 5. presentation keys are no difference
 def test_verbose_and_dry_run_are_no_difference(tmp_path, capsys):
     from qwen3exp.analysis import report
+    from qwen3exp.analysis.runs import varied_keys
     from qwen3exp.run import rundir
 
     exp = {"name": "x", "dry_run": False, "verbose": True, "training": {"lr": 0.001}}
@@ -355,15 +393,19 @@ def test_verbose_and_dry_run_are_no_difference(tmp_path, capsys):
     assert _cli("diff", str(a), str(b)) == 0
     assert capsys.readouterr().out == "identical resolved experiments\n"
     runs = [report.load_run(a), report.load_run(b)]
-    assert report.varied_keys(runs) == [] and report.compare(*runs).changes == []
+    assert varied_keys(runs) == [] and report.compare(*runs).changes == []
     c = _run_dir(tmp_path / "c", {**exp, "training": {"lr": 0.002}}, [{"step": 1, "loss": 3.0}])
-    assert report.varied_keys([*runs, report.load_run(c)]) == ["training.lr"]
+    assert varied_keys([*runs, report.load_run(c)]) == ["training.lr"]
 
 
 # ------------------------------------------------------- 6. provenance
 def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
-                          check=True, capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
 
 
 def test_provenance_of_a_repository_with_no_commit_yet(tmp_path):
@@ -384,9 +426,15 @@ def test_provenance_of_a_repository_with_no_commit_yet(tmp_path):
 
 def test_diff_provenance_compares_the_experiments_repository(tmp_path, capsys):
     exp = {"training": {"lr": 0.001}}
-    prov = {"git": {"commit": "aaa", "untracked": [{"path": "x", "size": 1}]}, "versions": {"torch": "2"},
-            "experiments": {"config_dir": "/e/conf", "packaged": False,
-                            "git": {"commit": "c1", "dirty": False, "untracked": []}}}
+    prov = {
+        "git": {"commit": "aaa", "untracked": [{"path": "x", "size": 1}]},
+        "versions": {"torch": "2"},
+        "experiments": {
+            "config_dir": "/e/conf",
+            "packaged": False,
+            "git": {"commit": "c1", "dirty": False, "untracked": []},
+        },
+    }
     a = _run_dir(tmp_path / "a", exp, provenance=prov)
     other = json.loads(json.dumps(prov))
     other["experiments"]["git"].update(commit="c2", untracked=[{"path": "y", "size": 2}])
@@ -402,8 +450,9 @@ def test_relaunch_says_what_it_compared_when_there_is_no_commit(tmp_path, capsys
 
     state = {"repo": None, "commit": None, "dirty": None, "error": "qwen3exp is installed, not a checkout"}
     monkeypatch.setattr(provenance, "source_git_state", lambda: (state, None))
-    run = _run_dir(tmp_path / "run", {"training": {"lr": 0.001}},
-                   provenance={"git": state, "versions": provenance.versions()})
+    run = _run_dir(
+        tmp_path / "run", {"training": {"lr": 0.001}}, provenance={"git": state, "versions": provenance.versions()}
+    )
     relaunch._report_code(run)
     out = capsys.readouterr().out
     assert "None" not in out and "same code as recorded" in out and "no git commit to compare" in out

@@ -18,9 +18,16 @@ from conftest import REPO, read_metrics, read_summary, read_validation, run_cli
 from runprocs import env_with
 
 PNG = b"\x89PNG\r\n\x1a\n"
-TINY_1RANK = ("platform=cpu", "platform.threads_per_rank=1", "launcher.nproc_per_node=1", "training.steps=3",
-              "training.warmup_steps=1", "training.seq_len=64", "training.local_batch_size=2",
-              "metrics.tensorboard=false")
+TINY_1RANK = (
+    "platform=cpu",
+    "platform.threads_per_rank=1",
+    "launcher.nproc_per_node=1",
+    "training.steps=3",
+    "training.warmup_steps=1",
+    "training.seq_len=64",
+    "training.local_batch_size=2",
+    "metrics.tensorboard=false",
+)
 
 
 def _fake_run(path, lr: float, rows: list[dict], summary: dict | None = None):
@@ -43,16 +50,24 @@ def test_bad_paths_are_exit_2_one_line_each(tmp_path):
     afile = tmp_path / "notes.txt"
     afile.write_text("x")
     missing = tmp_path / "missing"
-    r = subprocess.run([sys.executable, "-m", "qwen3exp.analysis.report", str(good), str(missing), str(afile),
-                        str(empty)], cwd=REPO, env=env_with(), capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "qwen3exp.analysis.report", str(good), str(missing), str(afile), str(empty)],
+        cwd=REPO,
+        env=env_with(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr and r.stdout == ""
     lines = r.stderr.splitlines()
-    assert lines == [f"python -m qwen3exp.analysis.report: {missing}: no such directory",
-                     f"python -m qwen3exp.analysis.report: {afile}: not a directory (give a run directory, "
-                     "a sweep directory or a folder of runs)",
-                     f"python -m qwen3exp.analysis.report: {empty}: no run there (a run directory holds "
-                     "experiment.yaml or summary.json)"]
+    assert lines == [
+        f"python -m qwen3exp.analysis.report: {missing}: no such directory",
+        f"python -m qwen3exp.analysis.report: {afile}: not a directory (give a run directory, "
+        "a sweep directory or a folder of runs)",
+        f"python -m qwen3exp.analysis.report: {empty}: no run there (a run directory holds "
+        "experiment.yaml or summary.json)",
+    ]
     assert not (good / "report.md").exists()
 
 
@@ -68,12 +83,24 @@ def test_out_that_is_a_file_is_exit_2(tmp_path, capsys):
 def test_comparison_of_fake_runs_handles_missing_values(tmp_path, capsys):
     from qwen3exp.analysis import compare, report
 
-    a = _fake_run(tmp_path / "a", 1e-3, [{"step": 1, "loss": 4.0, "tokens_per_second": 100.0, "memory_gib": 1.0},
-                                         {"step": 2, "loss": 3.0, "tokens_per_second": 200.0, "memory_gib": 1.5},
-                                         {"step": 2, "val_loss": 3.5, "val_perplexity": 33.1}],
-                  {"status": "completed", "steps_completed": 2, "wall_seconds": 10.0})
-    b = _fake_run(tmp_path / "b", 2e-3, [{"step": 1, "loss": 4.0, "tokens_per_second": 50.0, "memory_gib": 1.0},
-                                         {"step": 2, "loss": 2.5, "tokens_per_second": 300.0, "memory_gib": 1.2}])
+    a = _fake_run(
+        tmp_path / "a",
+        1e-3,
+        [
+            {"step": 1, "loss": 4.0, "tokens_per_second": 100.0, "memory_gib": 1.0},
+            {"step": 2, "loss": 3.0, "tokens_per_second": 200.0, "memory_gib": 1.5},
+            {"step": 2, "val_loss": 3.5, "val_perplexity": 33.1},
+        ],
+        {"status": "completed", "steps_completed": 2, "wall_seconds": 10.0},
+    )
+    b = _fake_run(
+        tmp_path / "b",
+        2e-3,
+        [
+            {"step": 1, "loss": 4.0, "tokens_per_second": 50.0, "memory_gib": 1.0},
+            {"step": 2, "loss": 2.5, "tokens_per_second": 300.0, "memory_gib": 1.2},
+        ],
+    )
     c = report.compare(report.load_run(a), report.load_run(b))
     assert c.changes == [("training.lr", 1e-3, 2e-3)]
     rows = {row[0]: row[1:] for row in compare.metric_rows(c)}
@@ -86,8 +113,9 @@ def test_comparison_of_fake_runs_handles_missing_values(tmp_path, capsys):
     # The command prints it after the table; with several paths and no --out it writes nothing.
     assert report.main([str(a), str(b)]) == 0
     out, err = capsys.readouterr()
-    assert (f"B vs A:  A = {a}\n         B = {b}\n"
-            "experiment keys that differ (A -> B):\n  training.lr  0.001 -> 0.002\n") in out
+    assert (
+        f"B vs A:  A = {a}\n         B = {b}\nexperiment keys that differ (A -> B):\n  training.lr  0.001 -> 0.002\n"
+    ) in out
     assert "no files written: with several paths, --out DIR writes" in err
     assert not any(p.name.endswith((".md", ".png", ".csv")) for p in tmp_path.rglob("*"))
     # Three runs: one table, no comparison.
@@ -107,9 +135,13 @@ def pair(tmp_path_factory):
     procs = {}
     for key, lr in (("a", "1e-3"), ("b", "3e-3")):
         log = (root.parent / f"{key}.log").open("w")
-        procs[key] = subprocess.Popen([sys.executable, "-m", "qwen3exp", *TINY_1RANK, f"training.lr={lr}",
-                                       f"hydra.run.dir={dirs[key]}"], cwd=REPO, env=env_with(),
-                                      stdout=log, stderr=subprocess.STDOUT)
+        procs[key] = subprocess.Popen(
+            [sys.executable, "-m", "qwen3exp", *TINY_1RANK, f"training.lr={lr}", f"hydra.run.dir={dirs[key]}"],
+            cwd=REPO,
+            env=env_with(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     for key, proc in procs.items():
         assert proc.wait(timeout=400) == 0, (root.parent / f"{key}.log").read_text()[-3000:]
     return dirs
@@ -175,8 +207,11 @@ def test_throughput_plot_has_one_line_per_run(pair, tmp_path):
         assert line.get_label() == f"lr={lr} (mean {run.tokens_per_second:,.0f})"
     assert fig.axes[0].get_ylim()[0] == 0 and fig.axes[0].get_ylabel() == "tokens/s"
     # A run has the same colour in both plots.
-    losses = [ln for ln in report.plot_losses(t, tmp_path / "loss.png").axes[0].get_lines()
-              if not ln.get_label().endswith("(validation)")]
+    losses = [
+        ln
+        for ln in report.plot_losses(t, tmp_path / "loss.png").axes[0].get_lines()
+        if not ln.get_label().endswith("(validation)")
+    ]
     assert [ln.get_color() for ln in losses] == [ln.get_color() for ln in lines] == ["C0", "C1"]
     assert (tmp_path / "throughput.png").read_bytes()[:8] == PNG
 

@@ -24,8 +24,16 @@ from qwen3exp.errors import ConfigError
 from qwen3exp.run import claim, procs
 from runprocs import TINY, start_cli, wait_for
 
-FAST = ("training.steps=2", "training.warmup_steps=0", "training.seq_len=32", "training.local_batch_size=1",
-        "metrics.tensorboard=false", "platform=cpu", "platform.threads_per_rank=1", "launcher.nproc_per_node=1")
+FAST = (
+    "training.steps=2",
+    "training.warmup_steps=0",
+    "training.seq_len=32",
+    "training.local_batch_size=1",
+    "metrics.tensorboard=false",
+    "platform=cpu",
+    "platform.threads_per_rank=1",
+    "launcher.nproc_per_node=1",
+)
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -130,8 +138,10 @@ def test_in_use_compares_paths_exactly(tmp_path):
     """A live run in runs/exp10 is not a run in runs/exp1 (the old check compared substrings)."""
     exp10, exp1 = tmp_path / "runs" / "exp10", tmp_path / "runs" / "exp1"
     exp10.mkdir(parents=True)
-    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "qwen3exp.worker.main",
-                             "exp10"], cwd=tmp_path / "runs")
+    fake = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "-m", "qwen3exp.worker.main", "exp10"],
+        cwd=tmp_path / "runs",
+    )
     try:
         wait_for(lambda: procs.workers_of(exp10), timeout=10, what="the fake worker")
         assert procs.workers_of(exp10) == [fake.pid]
@@ -187,8 +197,9 @@ def test_checkpoint_without_its_run_is_not_resumed(tmp_path):
 
 def _fake_worker(run_dir: Path) -> subprocess.Popen:
     """A process that looks like a live rank of `run_dir` (the launcher waits for it, then refuses)."""
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "-m", "qwen3exp.worker.main",
-                             str(run_dir)])
+    return subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", "-m", "qwen3exp.worker.main", str(run_dir)]
+    )
 
 
 @pytest.mark.parametrize("existing", [True, False], ids=["existing_empty_dir", "new_dir"])
@@ -223,8 +234,9 @@ def test_concurrent_launches_get_their_own_directories(tmp_path):
     def one(i: int):
         # A secret on the command line (here: an environment variable Hydra sets for the job) must not
         # land in any file of the run.
-        return run_cli(*FAST, f"training.seed={i}", "+hydra.job.env_set.WANDB_API_KEY=sekrit_abc123",
-                       cwd=tmp_path, timeout=900)
+        return run_cli(
+            *FAST, f"training.seed={i}", "+hydra.job.env_set.WANDB_API_KEY=sekrit_abc123", cwd=tmp_path, timeout=900
+        )
 
     with ThreadPoolExecutor(max_workers=n) as pool:
         results = list(pool.map(one, range(n)))
@@ -237,8 +249,11 @@ def test_concurrent_launches_get_their_own_directories(tmp_path):
         summary = read_summary(run)
         assert summary["status"] == "completed", summary
         assert [m["step"] for m in read_metrics(run)] == [1, 2]
-        seed = int(next(line for line in (run / "experiment.yaml").read_text().splitlines()
-                        if line.strip().startswith("seed:")).split(":")[1])
+        seed = int(
+            next(
+                line for line in (run / "experiment.yaml").read_text().splitlines() if line.strip().startswith("seed:")
+            ).split(":")[1]
+        )
         seeds.add(seed)
         # Its own command, plan and Hydra record: all name this directory, none another one.
         assert str(run.relative_to(tmp_path)) in (run / "command.txt").read_text()
@@ -257,8 +272,12 @@ def test_second_launch_into_the_same_directory_is_refused(tmp_path):
     log = tmp_path / "first.log"
     first = start_cli(*TINY, "launcher.nproc_per_node=1", "training.steps=400", f"hydra.run.dir={run}", log=log)
     try:
-        wait_for(lambda: (run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").stat().st_size > 0,
-                 proc=first, timeout=300, what="the first launch's first step")
+        wait_for(
+            lambda: (run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").stat().st_size > 0,
+            proc=first,
+            timeout=300,
+            what="the first launch's first step",
+        )
         experiment = (run / "experiment.yaml").read_bytes()
         second = run_cli(*TINY, "launcher.nproc_per_node=1", "training.seed=7", f"hydra.run.dir={run}", timeout=120)
         assert_refused(second, "hydra.run.dir", "in use by another qwen3exp launch", str(run))
@@ -273,6 +292,7 @@ def test_second_launch_into_the_same_directory_is_refused(tmp_path):
 
 def test_default_names_are_unique_and_sortable():
     from qwen3exp.run import rundir
+
     stamps = [rundir.stamp() for _ in range(8)]  # 8 launches in one millisecond: 8 names
     assert len(set(stamps)) == len(stamps)
     import re

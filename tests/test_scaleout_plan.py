@@ -50,14 +50,17 @@ def test_node_rank_comes_from_slurm_nodeid(capsys, monkeypatch):
     assert code == 0 and "this is node 1 of 2 (SLURM_NODEID from the environment)" in out
 
 
-@pytest.mark.parametrize("args, key, says", [
-    (("launcher.nnodes=2",), "launcher.rdzv_endpoint", "needs a rendezvous endpoint"),
-    # A dry run shows every node's command without it; a real launch needs this node's rank.
-    (("dry_run=false", *TWO_NODES), "launcher.node_rank", "SLURM_NODEID is not set"),
-    ((*TWO_NODES, "launcher.node_rank=2"), "launcher.node_rank", "must be below nnodes"),
-    (("launcher.rdzv_endpoint=node0",), "launcher.rdzv_endpoint", "not a host:port"),
-    (("launcher=slurm", "launcher.nnodes=2", "launcher.srun=false"), "launcher.srun", "needs srun"),
-])
+@pytest.mark.parametrize(
+    "args, key, says",
+    [
+        (("launcher.nnodes=2",), "launcher.rdzv_endpoint", "needs a rendezvous endpoint"),
+        # A dry run shows every node's command without it; a real launch needs this node's rank.
+        (("dry_run=false", *TWO_NODES), "launcher.node_rank", "SLURM_NODEID is not set"),
+        ((*TWO_NODES, "launcher.node_rank=2"), "launcher.node_rank", "must be below nnodes"),
+        (("launcher.rdzv_endpoint=node0",), "launcher.rdzv_endpoint", "not a host:port"),
+        (("launcher=slurm", "launcher.nnodes=2", "launcher.srun=false"), "launcher.srun", "needs srun"),
+    ],
+)
 def test_scale_out_mistakes_exit_2(capsys, monkeypatch, args, key, says):
     monkeypatch.delenv("SLURM_NODEID", raising=False)
     code, _, err = _dry(capsys, *args)
@@ -71,12 +74,21 @@ def test_a_sweep_over_slurm_resources_is_refused(capsys):
 
 
 def test_slurm_dry_run_shows_sbatch_and_srun(capsys):
-    code, out, _ = _dry(capsys, "launcher=slurm", "launcher.nnodes=2", "launcher.partition=trn2",
-                        "launcher.cpus_per_node=192", "launcher.time_limit_min=30", "launcher.account=ml",
-                        "+launcher.additional_parameters.exclusive=true")
+    code, out, _ = _dry(
+        capsys,
+        "launcher=slurm",
+        "launcher.nnodes=2",
+        "launcher.partition=trn2",
+        "launcher.cpus_per_node=192",
+        "launcher.time_limit_min=30",
+        "launcher.account=ml",
+        "+launcher.additional_parameters.exclusive=true",
+    )
     assert code == 0
-    assert ("launch:     sbatch --nodes=2 --ntasks-per-node=1 --time=30 --cpus-per-task=192 --partition=trn2 "
-            "--account=ml --exclusive through hydra-submitit-launcher") in out
+    assert (
+        "launch:     sbatch --nodes=2 --ntasks-per-node=1 --time=30 --cpus-per-task=192 --partition=trn2 "
+        "--account=ml --exclusive through hydra-submitit-launcher"
+    ) in out
     assert "command:    srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=192 --kill-on-bad-exit=1 " in out
     assert "--rdzv-endpoint '<first node>:<free port>'" in out
 
@@ -86,17 +98,29 @@ def test_slurm_launcher_section_reaches_hydra_submitit_launcher(tmp_path):
     launcher section: the executor gets exactly those values."""
     from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 
-    exp = validate_experiment(compose(
-        "launcher=slurm", "launcher.nnodes=4", "launcher.partition=trn2", "launcher.cpus_per_node=96",
-        "launcher.time_limit_min=90", "+launcher.additional_parameters.exclusive=true",
-        "launcher.setup=[module load neuron]"))
+    exp = validate_experiment(
+        compose(
+            "launcher=slurm",
+            "launcher.nnodes=4",
+            "launcher.partition=trn2",
+            "launcher.cpus_per_node=96",
+            "launcher.time_limit_min=90",
+            "+launcher.additional_parameters.exclusive=true",
+            "launcher.setup=[module load neuron]",
+        )
+    )
     params = slurm.submitit_params(exp, tmp_path)
     hl = SlurmLauncher(**params).params  # what submitit's executor is updated with
     # submitit is told one node and one task (it expects one result per task, and the job runs the
     # function once); sbatch gets --nodes=4 through additional_parameters (the upstream-bug
     # workaround in qwen3exp.launchers.slurm.submitit_params).
-    assert (hl["nodes"], hl["tasks_per_node"], hl["cpus_per_task"], hl["partition"], hl["timeout_min"]) == \
-        (1, 1, 96, "trn2", 90)
+    assert (hl["nodes"], hl["tasks_per_node"], hl["cpus_per_task"], hl["partition"], hl["timeout_min"]) == (
+        1,
+        1,
+        96,
+        "trn2",
+        90,
+    )
     assert hl["use_srun"] is False and hl["additional_parameters"] == {"nodes": 4, "exclusive": True}
     assert hl["setup"] == ["module load neuron"] and hl["account"] is None and hl["name"] == "tiny_native"
     assert hl["submitit_folder"] == f"{tmp_path}/.submitit/%j"
@@ -109,8 +133,10 @@ def _slurm_exp(*args):
 def test_placement_inside_a_slurm_job(monkeypatch):
     exp = _slurm_exp("launcher.nnodes=2")
     monkeypatch.setattr(slurm_nodes, "hostnames", lambda nodelist: {"trn[07-08]": ["trn07", "trn08"]}[nodelist])
-    where = placement.resolve(exp, {"SLURM_JOB_ID": "812", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "0",
-                                    "SLURM_JOB_NODELIST": "trn[07-08]"})
+    where = placement.resolve(
+        exp,
+        {"SLURM_JOB_ID": "812", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "trn[07-08]"},
+    )
     assert where.rdzv_endpoint.startswith("trn07:") and where.rdzv_id == "812"
     assert where.agent_prefix[:3] == ("srun", "--nodes=2", "--ntasks-per-node=1")
     one = placement.resolve(_slurm_exp(), {"SLURM_JOB_ID": "813", "SLURM_JOB_NUM_NODES": "1"})
@@ -156,7 +182,11 @@ def test_parent_death_signal_and_kill_tree(tmp_path):
     """A child that asked for a parent-death signal dies with its SIGKILLed parent; kill_tree finds
     processes that left the process group (new sessions), as torchrun's ranks do."""
     pidfile = tmp_path / "child.pid"
-    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import os, signal, subprocess, sys, time
         child = subprocess.Popen([sys.executable, "-c",
             "import os, signal, time\\n"
@@ -165,7 +195,10 @@ def test_parent_death_signal_and_kill_tree(tmp_path):
             "open({str(pidfile)!r}, 'w').write(str(os.getpid()))\\n"
             "time.sleep(600)\\n".replace("{{ppid}}", str(os.getpid()))], start_new_session=True)
         time.sleep(600)
-    """)], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    """),
+        ],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     deadline = time.monotonic() + 60
     while not pidfile.exists() or not pidfile.read_text():
         assert time.monotonic() < deadline
@@ -180,9 +213,15 @@ def test_parent_death_signal_and_kill_tree(tmp_path):
     assert not _alive(child), "the child outlived its SIGKILLed parent"
 
     # kill_tree: a grandchild in its own session, still found through the parent links.
-    holder = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
-                               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
-                               "start_new_session=True)\ntime.sleep(600)"])
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
+            "start_new_session=True)\ntime.sleep(600)",
+        ]
+    )
     deadline = time.monotonic() + 60
     while len(procs.descendants(holder.pid)) < 1:
         assert time.monotonic() < deadline

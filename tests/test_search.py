@@ -62,8 +62,9 @@ def test_glob_point_that_breaks_aborts_before_any_job(tmp_path):
     assert not d.exists() or not any(d.iterdir())
 
 
-@pytest.mark.parametrize("form,count", [("training.lr=range(1,4)", 3), ("training.seed=choice(1,2)", 2),
-                                        ("training.seed=1,2,3", 3)])
+@pytest.mark.parametrize(
+    "form,count", [("training.lr=range(1,4)", 3), ("training.seed=choice(1,2)", 2), ("training.seed=1,2,3", 3)]
+)
 def test_command_line_forms_plan_their_real_count(form, count, tmp_path):
     r = run_cli("-m", form, "dry_run=true", f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -72,8 +73,9 @@ def test_command_line_forms_plan_their_real_count(form, count, tmp_path):
 
 def test_params_in_an_experiment_file_are_the_sweep(tmp_path):
     conf = _user_conf(tmp_path, "grid", "name: grid\nhydra:\n  sweeper:\n    params:\n      training.seed: 1,2,3\n")
-    r = run_cli("--config-dir", str(conf), "-m", "experiment=grid", "dry_run=true",
-                f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    r = run_cli(
+        "--config-dir", str(conf), "-m", "experiment=grid", "dry_run=true", f"hydra.sweep.dir={tmp_path / 'sweep'}"
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "qwen3exp sweep: 3 job(s)" in r.stdout and _points(r.stdout) == 3
     # A single run of the same file is one job, as with Hydra, and says so.
@@ -92,8 +94,9 @@ def test_a_broken_point_in_the_file_params_aborts_before_any_job(tmp_path):
 
 
 def test_hydra_mode_multirun_in_the_file_is_a_sweep(tmp_path):
-    conf = _user_conf(tmp_path, "grid", "name: grid\nhydra:\n  mode: MULTIRUN\n  sweeper:\n    params:\n"
-                                        "      training.seed: 1,2\n")
+    conf = _user_conf(
+        tmp_path, "grid", "name: grid\nhydra:\n  mode: MULTIRUN\n  sweeper:\n    params:\n      training.seed: 1,2\n"
+    )
     r = run_cli("--config-dir", str(conf), "experiment=grid", "dry_run=true", f"hydra.sweep.dir={tmp_path / 's'}")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "qwen3exp sweep: 2 job(s)" in r.stdout and _points(r.stdout) == 2
@@ -109,8 +112,9 @@ def test_optuna_dry_run_shows_the_space_and_checks_its_ends(tmp_path):
     assert "4 trial(s), 1 per batch" in r.stdout and "optuna.db" in r.stdout
     assert "checked 2 representative point(s)" in r.stdout and _points(r.stdout) == 1
     assert not d.exists() or not any(d.iterdir())  # a dry run writes nothing
-    bad = run_cli("-m", "experiment=tiny_search", "training.lr=interval(-1,1e-2)", "dry_run=true",
-                  f"hydra.sweep.dir={d}")
+    bad = run_cli(
+        "-m", "experiment=tiny_search", "training.lr=interval(-1,1e-2)", "dry_run=true", f"hydra.sweep.dir={d}"
+    )
     assert bad.returncode == 2, bad.stdout[-2000:] + bad.stderr[-2000:]
     assert "representative point 1 [training.lr=-1.0]" in bad.stderr and "greater than 0" in bad.stderr
 
@@ -124,8 +128,9 @@ def test_a_search_with_a_refused_end_never_starts_a_trial(tmp_path):
 
 
 def test_optuna_direction_must_agree_with_the_objective(tmp_path):
-    r = run_cli("-m", "experiment=tiny_search", "sweep.objective=tokens_per_second",
-                f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    r = run_cli(
+        "-m", "experiment=tiny_search", "sweep.objective=tokens_per_second", f"hydra.sweep.dir={tmp_path / 'sweep'}"
+    )
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
     assert "hydra.sweeper.direction = 'minimize'" in r.stderr and "hydra.sweeper.direction=maximize" in r.stderr
     assert "Traceback" not in r.stderr
@@ -139,7 +144,7 @@ def test_a_failed_job_is_a_failed_trial_for_an_adaptive_sweeper(tmp_path):
 
     from hydra.core.utils import JobReturn, JobStatus
 
-    from qwen3exp.launchers.batch import TrialFailed, _for_sweeper
+    from qwen3exp.launchers.returns import TrialFailed, for_sweeper as _for_sweeper
 
     def ret() -> JobReturn:
         r = JobReturn(status=JobStatus.COMPLETED)
@@ -148,10 +153,18 @@ def test_a_failed_job_is_a_failed_trial_for_an_adaptive_sweeper(tmp_path):
 
     ok, bad = tmp_path / "ok", tmp_path / "bad"
     ok.mkdir(), bad.mkdir()
-    (ok / "summary.json").write_text(json.dumps({"status": "completed", "objective": {
-        "metric": "val_loss", "direction": "minimize", "value": 5.5}}))
-    (bad / "summary.json").write_text(json.dumps({"status": "failed", "error": "rank 1 died", "objective": {
-        "metric": "val_loss", "direction": "minimize", "value": None}}))
+    (ok / "summary.json").write_text(
+        json.dumps({"status": "completed", "objective": {"metric": "val_loss", "direction": "minimize", "value": 5.5}})
+    )
+    (bad / "summary.json").write_text(
+        json.dumps(
+            {
+                "status": "failed",
+                "error": "rank 1 died",
+                "objective": {"metric": "val_loss", "direction": "minimize", "value": None},
+            }
+        )
+    )
     assert _for_sweeper(ret(), ok, basic=False).return_value == 5.5
     failed = _for_sweeper(ret(), bad, basic=False)
     assert failed.status == JobStatus.FAILED
@@ -176,10 +189,15 @@ def test_optuna_search_minimizes_val_loss_and_continues_after_a_stop(tmp_path):
 
     d = tmp_path / "search"
     args = ["-m", *TINY, "experiment=tiny_search", "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={d}"]
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               HF_HUB_OFFLINE="1")
-    proc = subprocess.Popen([sys.executable, "-m", "qwen3exp", *args], cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), HF_HUB_OFFLINE="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qwen3exp", *args],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
     def completed() -> list[Path]:
         return [p for p in d.glob("*/summary.json") if read_summary(p.parent).get("status") == "completed"]
@@ -250,8 +268,12 @@ def grid(request, tmp_path_factory):
         yield None
         return
     tmp = tmp_path_factory.mktemp("grid")
-    conf = _user_conf(tmp, "grid", "defaults:\n  - tiny_sweep\nname: grid\nhydra:\n  mode: MULTIRUN\n"
-                                   "  sweeper:\n    params:\n      training.lr: 1e-3,3e-3\n")
+    conf = _user_conf(
+        tmp,
+        "grid",
+        "defaults:\n  - tiny_sweep\nname: grid\nhydra:\n  mode: MULTIRUN\n"
+        "  sweeper:\n    params:\n      training.lr: 1e-3,3e-3\n",
+    )
     d = tmp / "sweep"
     args = ["--config-dir", str(conf), "experiment=grid", *TINY, "sweep.parallel_jobs=2"]
     started = Background(*args, f"hydra.sweep.dir={d}", folder=tmp / "launcher")

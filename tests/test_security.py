@@ -42,16 +42,20 @@ def _plant_model_folder(root: Path, marker: Path, model_type: str) -> Path:
     config["model_type"] = model_type
     config["auto_map"] = {"AutoConfig": "planted_config.PlantedConfig"}
     (folder / "config.json").write_text(json.dumps(config))
-    tail = ("from transformers import Qwen3Config\n"
-            f"class PlantedConfig(Qwen3Config):\n    model_type = {model_type!r}\n")
+    tail = f"from transformers import Qwen3Config\nclass PlantedConfig(Qwen3Config):\n    model_type = {model_type!r}\n"
     (folder / "planted_config.py").write_text(PLANTED.format(marker=str(marker), tail=tail))
     return folder
 
 
 def _job(folder: Path) -> SimpleNamespace:
     """The parts of torchtitan's Trainer.Config that `update_from_config` reads."""
-    return SimpleNamespace(hf_model=str(folder), training=SimpleNamespace(seq_len=32), parallelism=None,
-                           debug=SimpleNamespace(deterministic=False), loss=SimpleNamespace())
+    return SimpleNamespace(
+        hf_model=str(folder),
+        training=SimpleNamespace(seq_len=32),
+        parallelism=None,
+        debug=SimpleNamespace(deterministic=False),
+        loss=SimpleNamespace(),
+    )
 
 
 @pytest.fixture
@@ -138,20 +142,26 @@ def _recorded_run(root: Path, hydra: dict | None = None, **top) -> Path:
 
 
 CALLBACK = {"callbacks": {"evil": {"_target_": "planted_cb.Evil"}}}
-LOG_FACTORY = {"hydra_logging": {"version": 1, "handlers": {"console": {"()": "planted_cb.handler"}},
-                                 "root": {"handlers": ["console"]}}}
+LOG_FACTORY = {
+    "hydra_logging": {
+        "version": 1,
+        "handlers": {"console": {"()": "planted_cb.handler"}},
+        "root": {"handlers": ["console"]},
+    }
+}
 
 
-@pytest.mark.parametrize("hydra, key", [(CALLBACK, "hydra.callbacks.evil"),
-                                        (LOG_FACTORY, "hydra.hydra_logging.handlers.console.()")],
-                         ids=["callback", "logging_factory"])
+@pytest.mark.parametrize(
+    "hydra, key",
+    [(CALLBACK, "hydra.callbacks.evil"), (LOG_FACTORY, "hydra.hydra_logging.handlers.console.()")],
+    ids=["callback", "logging_factory"],
+)
 def test_relaunch_refuses_code_in_a_recorded_run(tmp_path, hydra, key):
     """The planted module lies in the run directory and the user relaunches from inside it (the
     directory is then first on sys.path): Hydra would import and run it. It must not."""
     marker = tmp_path / "marker"
     run = _recorded_run(tmp_path, hydra)
-    (run / "planted_cb.py").write_text(PLANTED.format(
-        marker=str(marker), tail="raise SystemExit('planted code ran')"))
+    (run / "planted_cb.py").write_text(PLANTED.format(marker=str(marker), tail="raise SystemExit('planted code ran')"))
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     r = run_cli(".", f"hydra.run.dir={tmp_path / 'again'}", module="qwen3exp.analysis.relaunch", cwd=run, timeout=300)
     assert not marker.exists(), "the planted code ran: " + r.stderr[-2000:]
@@ -165,50 +175,100 @@ def test_relaunch_refuses_code_in_a_recorded_run(tmp_path, hydra, key):
 def test_relaunch_of_a_genuine_recorded_config_still_works(tmp_path):
     """No hydra section (what Hydra records): relaunch composes and plans it (dry run)."""
     run = _recorded_run(tmp_path)
-    r = run_cli(str(run), "dry_run=true", f"hydra.run.dir={tmp_path / 'again'}", module="qwen3exp.analysis.relaunch",
-                timeout=300)
+    r = run_cli(
+        str(run),
+        "dry_run=true",
+        f"hydra.run.dir={tmp_path / 'again'}",
+        module="qwen3exp.analysis.relaunch",
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "refused" not in (r.stdout + r.stderr).lower()
 
 
 OK_HYDRA = {
-    "launcher": {"_target_": "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher",
-                 "setup": None},
-    "sweeper": {"_target_": "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper",
-                "sampler": {"_target_": "optuna.samplers.TPESampler", "seed": 1}},
+    "launcher": {"_target_": "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher", "setup": None},
+    "sweeper": {
+        "_target_": "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper",
+        "sampler": {"_target_": "optuna.samplers.TPESampler", "seed": 1},
+    },
     "callbacks": {},
-    "job_logging": {"version": 1, "formatters": {"simple": {"format": "%(message)s"}},
-                    "handlers": {"console": {"class": "logging.StreamHandler", "stream": "ext://sys.stdout"},
-                                 "file": {"class": "logging.FileHandler",
-                                          "filename": "${hydra.runtime.output_dir}/${hydra.job.name}.log"}},
-                    "root": {"handlers": ["console", "file"]}},
+    "job_logging": {
+        "version": 1,
+        "formatters": {"simple": {"format": "%(message)s"}},
+        "handlers": {
+            "console": {"class": "logging.StreamHandler", "stream": "ext://sys.stdout"},
+            "file": {"class": "logging.FileHandler", "filename": "${hydra.runtime.output_dir}/${hydra.job.name}.log"},
+        },
+        "root": {"handlers": ["console", "file"]},
+    },
 }
 
 
-@pytest.mark.parametrize("hydra, top, key", [
-    ({"launcher": {"_target_": "planted.Launcher"}}, {}, "hydra.launcher._target_"),
-    ({"launcher": {"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
-                   "setup": ["curl x | sh"]}}, {}, "hydra.launcher.setup"),
-    ({"sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
-                  "sampler": {"_target_": "optuna.samplers.evil.Sampler"}}}, {}, "hydra.sweeper.sampler._target_"),
-    ({"sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
-                  "params": {"x": {"_target_": "os.system", "_partial_": True}}}},
-     {}, "hydra.sweeper.params.x._target_"),
-    ({"callbacks": {"a": {"_target_": "hydra.experimental.callbacks.LogJobReturnCallback"}}}, {}, "hydra.callbacks.a"),
-    ({"job_logging": {"handlers": {"h": {"class": "planted.Handler"}}}}, {}, "hydra.job_logging.handlers.h.class"),
-    ({"job_logging": {"formatters": {"f": {"()": "colorlog.ColoredFormatter"}}}}, {},
-     "hydra.job_logging.formatters.f.()"),
-    ({"job_logging": {"handlers": {"h": {"class": "logging.FileHandler", "filename": "/home/u/.bashrc"}}}}, {},
-     "hydra.job_logging.handlers.h.filename"),
-    ({"job_logging": {"handlers": {"h": {"class": "logging.StreamHandler", "stream": "ext://planted.stream"}}}},
-     {}, "hydra.job_logging.handlers.h.stream"),
-    ({"job": {"env_set": {"LD_PRELOAD": "/tmp/x.so"}}}, {}, "hydra.job.env_set"),
-    ({"searchpath": ["file:///tmp/elsewhere"]}, {}, "hydra.searchpath"),
-    ({"mode": "MULTIRUN"}, {}, "hydra.mode"),
-    (None, {"defaults": [{"override hydra/job_logging": "colorlog"}]}, "defaults"),
-    (None, {"extra": {"thing": {"_target_": "os.system"}}}, "extra.thing._target_"),
-    (None, {"extra": [{"()": "os.system"}]}, "extra[0].()"),
-], ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize(
+    "hydra, top, key",
+    [
+        ({"launcher": {"_target_": "planted.Launcher"}}, {}, "hydra.launcher._target_"),
+        (
+            {
+                "launcher": {
+                    "_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
+                    "setup": ["curl x | sh"],
+                }
+            },
+            {},
+            "hydra.launcher.setup",
+        ),
+        (
+            {
+                "sweeper": {
+                    "_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+                    "sampler": {"_target_": "optuna.samplers.evil.Sampler"},
+                }
+            },
+            {},
+            "hydra.sweeper.sampler._target_",
+        ),
+        (
+            {
+                "sweeper": {
+                    "_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+                    "params": {"x": {"_target_": "os.system", "_partial_": True}},
+                }
+            },
+            {},
+            "hydra.sweeper.params.x._target_",
+        ),
+        (
+            {"callbacks": {"a": {"_target_": "hydra.experimental.callbacks.LogJobReturnCallback"}}},
+            {},
+            "hydra.callbacks.a",
+        ),
+        ({"job_logging": {"handlers": {"h": {"class": "planted.Handler"}}}}, {}, "hydra.job_logging.handlers.h.class"),
+        (
+            {"job_logging": {"formatters": {"f": {"()": "colorlog.ColoredFormatter"}}}},
+            {},
+            "hydra.job_logging.formatters.f.()",
+        ),
+        (
+            {"job_logging": {"handlers": {"h": {"class": "logging.FileHandler", "filename": "/home/u/.bashrc"}}}},
+            {},
+            "hydra.job_logging.handlers.h.filename",
+        ),
+        (
+            {"job_logging": {"handlers": {"h": {"class": "logging.StreamHandler", "stream": "ext://planted.stream"}}}},
+            {},
+            "hydra.job_logging.handlers.h.stream",
+        ),
+        ({"job": {"env_set": {"LD_PRELOAD": "/tmp/x.so"}}}, {}, "hydra.job.env_set"),
+        ({"searchpath": ["file:///tmp/elsewhere"]}, {}, "hydra.searchpath"),
+        ({"mode": "MULTIRUN"}, {}, "hydra.mode"),
+        (None, {"defaults": [{"override hydra/job_logging": "colorlog"}]}, "defaults"),
+        (None, {"extra": {"thing": {"_target_": "os.system"}}}, "extra.thing._target_"),
+        (None, {"extra": [{"()": "os.system"}]}, "extra[0].()"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
 def test_recorded_config_code_routes_are_named(tmp_path, hydra, top, key):
     from qwen3exp.analysis.relaunch import recorded_code_problems
 
@@ -244,14 +304,18 @@ def test_unreadable_recorded_config_is_a_problem_not_a_traceback(tmp_path):
 
 # ------------------------------------------------------------------ provenance: git and secrets
 def _git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
+        check=True,
+        capture_output=True,
+    )
 
 
 @pytest.fixture
 def source_tree(tmp_path, monkeypatch) -> Path:
     """A git checkout with a modified tracked file and an untracked `.env` holding a token."""
     from qwen3exp.run import provenance
+
     repo = tmp_path / "src"
     repo.mkdir()
     _git(repo, "init", "-q")
@@ -269,19 +333,30 @@ SECRETS = ("hf_secret123", "pw_in_url", "wandbkey123", "sessiontok", "ranktok", 
 
 def test_provenance_holds_tracked_changes_and_no_secrets(source_tree, tmp_path, monkeypatch):
     from qwen3exp.run import provenance
+
     monkeypatch.setenv("HF_ENDPOINT", "https://user:pw_in_url@hub.example")
     monkeypatch.setenv("WANDB_BASE_URL", "https://bob:pw_in_url@wandb.example:8080/x")
     monkeypatch.setenv("WANDB_API_KEY", "wandbkey123")
     monkeypatch.setenv("HF_MY_SESSION_TOKEN", "sessiontok")
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    facts = SimpleNamespace(name="cpu", reason="test", device_type="cpu",
-                            env={"OMP_NUM_THREADS": "1", "MY_SESSION_TOKEN": "ranktok"})
+    facts = SimpleNamespace(
+        name="cpu", reason="test", device_type="cpu", env={"OMP_NUM_THREADS": "1", "MY_SESSION_TOKEN": "ranktok"}
+    )
     origin = provenance.Origin(
-        command=["python", "-m", "qwen3exp", "+wandb_api_key=argvtok", "--hf-token", "flagtok",
-                 'hydra.launcher.setup=["export HF_TOKEN=setuptok"]', "training.lr=0.001"],
+        command=[
+            "python",
+            "-m",
+            "qwen3exp",
+            "+wandb_api_key=argvtok",
+            "--hf-token",
+            "flagtok",
+            'hydra.launcher.setup=["export HF_TOKEN=setuptok"]',
+            "training.lr=0.001",
+        ],
         task_overrides=["+wandb_api_key=argvtok", "training.lr=0.001"],
         hydra_overrides=['hydra.launcher.setup=["export HF_TOKEN=setuptok"]'],
-        override_dirname="+wandb_api_key=argvtok,training.lr=0.001")
+        override_dirname="+wandb_api_key=argvtok,training.lr=0.001",
+    )
     run = tmp_path / "run"
     run.mkdir()
     prov = provenance.write(run, facts, "hash", origin)
@@ -300,13 +375,19 @@ def test_provenance_holds_tracked_changes_and_no_secrets(source_tree, tmp_path, 
     assert env["WANDB_API_KEY"] == env["HF_MY_SESSION_TOKEN"] == "***"
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert prov["rank_env"] == {"OMP_NUM_THREADS": "1", "MY_SESSION_TOKEN": "***"}
-    assert prov["command"][3:] == ["+wandb_api_key=***", "--hf-token", "***",
-                                   'hydra.launcher.setup=["export HF_TOKEN=***"]', "training.lr=0.001"]
+    assert prov["command"][3:] == [
+        "+wandb_api_key=***",
+        "--hf-token",
+        "***",
+        'hydra.launcher.setup=["export HF_TOKEN=***"]',
+        "training.lr=0.001",
+    ]
     assert "training.lr=0.001" in prov["command_line"]
 
 
 def test_untracked_files_alone_leave_no_diff(source_tree):
     from qwen3exp.run import provenance
+
     _git(source_tree, "checkout", "--", "train.py")
     state, diff = provenance.git_state(source_tree)
     assert diff is None and state["dirty"] is False
@@ -321,6 +402,7 @@ def test_reading_a_repositorys_state_never_writes_to_it(source_tree):
     import os
 
     from qwen3exp.run import provenance
+
     index = source_tree / ".git" / "index"
     os.utime(source_tree / "train.py", (1, 1))  # stale stat data: a plain `git status` rewrites the index
     before = (index.read_bytes(), index.stat().st_mtime_ns)
@@ -332,37 +414,60 @@ def test_reading_a_repositorys_state_never_writes_to_it(source_tree):
     assert (index.read_bytes(), index.stat().st_mtime_ns) != before
 
 
-@pytest.mark.parametrize("name, secret", [
-    ("HF_TOKEN", True), ("WANDB_API_KEY", True), ("MY_SESSION_TOKEN", True), ("AWS_SECRET_ACCESS_KEY", True),
-    ("DB_PASSWORD", True), ("MYSQL_PASSWD", True), ("GOOGLE_APPLICATION_CREDENTIALS", True),
-    ("HTTP_COOKIE", True), ("PRIVATE_KEY_PATH", True), ("hf-token", True), ("+wandb_api_key", True),
-    ("wandbApiKey", True), ("HFTOKEN", True), ("API_KEYS", True), ("Authorization", True),
-    ("MONKEY", False), ("KEYBOARD_LAYOUT", False), ("TOKENIZERS_PARALLELISM", False),
-    ("PYTORCH_CUDA_ALLOC_CONF", False), ("HF_ENDPOINT", False), ("CUDA_VISIBLE_DEVICES", False),
-    ("NCCL_SOCKET_IFNAME", False), ("OMP_NUM_THREADS", False), ("training.lr", False),
-    ("model.hf_assets_path", False),
-])
+@pytest.mark.parametrize(
+    "name, secret",
+    [
+        ("HF_TOKEN", True),
+        ("WANDB_API_KEY", True),
+        ("MY_SESSION_TOKEN", True),
+        ("AWS_SECRET_ACCESS_KEY", True),
+        ("DB_PASSWORD", True),
+        ("MYSQL_PASSWD", True),
+        ("GOOGLE_APPLICATION_CREDENTIALS", True),
+        ("HTTP_COOKIE", True),
+        ("PRIVATE_KEY_PATH", True),
+        ("hf-token", True),
+        ("+wandb_api_key", True),
+        ("wandbApiKey", True),
+        ("HFTOKEN", True),
+        ("API_KEYS", True),
+        ("Authorization", True),
+        ("MONKEY", False),
+        ("KEYBOARD_LAYOUT", False),
+        ("TOKENIZERS_PARALLELISM", False),
+        ("PYTORCH_CUDA_ALLOC_CONF", False),
+        ("HF_ENDPOINT", False),
+        ("CUDA_VISIBLE_DEVICES", False),
+        ("NCCL_SOCKET_IFNAME", False),
+        ("OMP_NUM_THREADS", False),
+        ("training.lr", False),
+        ("model.hf_assets_path", False),
+    ],
+)
 def test_secret_name_rule(name, secret):
-    from qwen3exp.run.provenance import is_secret_name
+    from qwen3exp.run.redact import is_secret_name
 
     assert is_secret_name(name) is secret
 
 
-@pytest.mark.parametrize("arg, shown", [
-    ("+wandb_api_key=abc", "+wandb_api_key=***"),
-    ('hydra.launcher.setup=["export HF_TOKEN=abc"]', 'hydra.launcher.setup=["export HF_TOKEN=***"]'),
-    ("hydra.job.env_set.HF_TOKEN=abc", "hydra.job.env_set.HF_TOKEN=***"),
-    ("HF_ENDPOINT=https://user:p@ss@hub.example/a", "HF_ENDPOINT=https://***@hub.example/a"),
-    ("a=HF_TOKEN=abc", "a=HF_TOKEN=***"),
-    ("https://h.example/x?token=abc&y=1", "https://h.example/x?token=***&y=1"),
-    ('{"api_key": "abc", "n": 1}', '{"api_key": ***, "n": 1}'),
-    ("Authorization: Bearer abc", "Authorization: ***"),
-    ("--rdzv-endpoint=localhost:29500", "--rdzv-endpoint=localhost:29500"),
-    ("data.path=/data/secret_corpus.jsonl", "data.path=/data/secret_corpus.jsonl"),
-    ("PATH=/usr/bin:/bin", "PATH=/usr/bin:/bin"),
-])
+@pytest.mark.parametrize(
+    "arg, shown",
+    [
+        ("+wandb_api_key=abc", "+wandb_api_key=***"),
+        ('hydra.launcher.setup=["export HF_TOKEN=abc"]', 'hydra.launcher.setup=["export HF_TOKEN=***"]'),
+        ("hydra.job.env_set.HF_TOKEN=abc", "hydra.job.env_set.HF_TOKEN=***"),
+        ("HF_ENDPOINT=https://user:p@ss@hub.example/a", "HF_ENDPOINT=https://***@hub.example/a"),
+        ("a=HF_TOKEN=abc", "a=HF_TOKEN=***"),
+        ("https://h.example/x?token=abc&y=1", "https://h.example/x?token=***&y=1"),
+        ('{"api_key": "abc", "n": 1}', '{"api_key": ***, "n": 1}'),
+        ("Authorization: Bearer abc", "Authorization: ***"),
+        ("--rdzv-endpoint=localhost:29500", "--rdzv-endpoint=localhost:29500"),
+        ("data.path=/data/secret_corpus.jsonl", "data.path=/data/secret_corpus.jsonl"),
+        ("PATH=/usr/bin:/bin", "PATH=/usr/bin:/bin"),
+    ],
+)
 def test_redact_argv(arg, shown):
-    from qwen3exp.run.provenance import redact_argv
+    from qwen3exp.run.redact import redact_argv
 
     assert redact_argv([arg]) == [shown]
     assert redact_argv(["--token", "abc", "--tokenizer", "tok.json"]) == ["--token", "***", "--tokenizer", "tok.json"]

@@ -26,9 +26,18 @@ pytestmark = pytest.mark.slow
 
 SETUP = REPO / "tests" / "slurm" / "setup_slurm.sh"
 # One rank per job and one CPU each, so the two jobs of the sweep run side by side on 2 cores.
-ARGS = ("launcher=slurm", "launcher.nproc_per_node=1", "launcher.cpus_per_node=1", "launcher.time_limit_min=10",
-        "platform=cpu", "training.steps=4", "training.warmup_steps=1", "training.seq_len=64",
-        "training.local_batch_size=2", "metrics.tensorboard=false")
+ARGS = (
+    "launcher=slurm",
+    "launcher.nproc_per_node=1",
+    "launcher.cpus_per_node=1",
+    "launcher.time_limit_min=10",
+    "platform=cpu",
+    "training.steps=4",
+    "training.warmup_steps=1",
+    "training.seq_len=64",
+    "training.local_batch_size=2",
+    "metrics.tensorboard=false",
+)
 
 
 def _why_not() -> str | None:
@@ -148,13 +157,16 @@ def test_upstream_submitit_multinode_workaround(tmp_path, monkeypatch):
 
     exp = validate_experiment(compose("launcher=slurm", "launcher.nnodes=2", "launcher.nproc_per_node=1"))
     p = slurm.submitit_params(exp, tmp_path)
-    ours = {"nodes": p["nodes"], "ntasks_per_node": p["tasks_per_node"], "use_srun": p["use_srun"],
-            "additional_parameters": p["additional_parameters"]}
+    ours = {
+        "nodes": p["nodes"],
+        "ntasks_per_node": p["tasks_per_node"],
+        "use_srun": p["use_srun"],
+        "additional_parameters": p["additional_parameters"],
+    }
     job, script = _submitted_job(tmp_path / "ours", monkeypatch, ours)
     assert job.num_tasks == 1 and "#SBATCH --nodes=2\n" in script and "srun" not in script
     # Upstream still counts every SLURM task (when this fails, submitit is fixed: drop the workaround).
-    job, script = _submitted_job(tmp_path / "plain", monkeypatch,
-                                 {"nodes": 2, "ntasks_per_node": 1, "use_srun": False})
+    job, script = _submitted_job(tmp_path / "plain", monkeypatch, {"nodes": 2, "ntasks_per_node": 1, "use_srun": False})
     assert job.num_tasks == 2 and "#SBATCH --nodes=2\n" in script
 
 
@@ -171,8 +183,14 @@ def test_a_job_killed_under_the_submitter_ends_its_wait_naming_the_job(cluster, 
         jobs = lambda: [p.name for p in (run / ".submitit").glob("*") if p.is_dir()]  # noqa: E731
         wait_for(lambda: bool(jobs()), proc=proc, timeout=120, what="the submission")
         (job,) = jobs()
-        running = lambda: subprocess.run(["squeue", "-h", "-o", "%T", "-j", job.split("_")[0]],  # noqa: E731
-                                         capture_output=True, text=True).stdout.strip() == "RUNNING"
+        running = lambda: (
+            subprocess.run(
+                ["squeue", "-h", "-o", "%T", "-j", job.split("_")[0]],  # noqa: E731
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+            == "RUNNING"
+        )
         wait_for(running, proc=proc, timeout=120, what=f"job {job} to run")
         subprocess.run(["scancel", "--signal=KILL", "--full", job.split("_")[0]], check=True)
         killed = time.monotonic()
@@ -198,8 +216,13 @@ def test_the_squeue_watcher_gives_up_only_on_an_ended_job(tmp_path, monkeypatch)
     from qwen3exp.launchers import slurm
 
     answer = tmp_path / "answer"
-    _fake_tool(tmp_path, monkeypatch, "squeue", f'cat "{answer}"; [ ! -s "{answer}" ] && '
-               'echo "slurm_load_jobs error: Invalid job id specified" >&2 && exit 1; exit 0')
+    _fake_tool(
+        tmp_path,
+        monkeypatch,
+        "squeue",
+        f'cat "{answer}"; [ ! -s "{answer}" ] && '
+        'echo "slurm_load_jobs error: Invalid job id specified" >&2 && exit 1; exit 0',
+    )
     watcher = slurm.SqueueWatcher(grace_s=0.3, poll_s=0)
     answer.write_text("41_0|RUNNING\n")
     watcher.register_job("41_0")
@@ -264,8 +287,14 @@ def requeue(tmp_path, monkeypatch):
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text(FAKE_SCONTROL.replace("{python}", sys.executable))
     (bin_dir / "scontrol").chmod(0o755)
-    for key, value in {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_SCONTROL": str(tmp_path),
-                       "SLURM_JOB_ID": "77", "FAIL": "0", "IGNORE": "0", "REQUEUE_FAILS": "0"}.items():
+    for key, value in {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "FAKE_SCONTROL": str(tmp_path),
+        "SLURM_JOB_ID": "77",
+        "FAIL": "0",
+        "IGNORE": "0",
+        "REQUEUE_FAILS": "0",
+    }.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(timelimit, "RESTART_PAUSE_S", 0.01)
 
@@ -277,8 +306,12 @@ def requeue(tmp_path, monkeypatch):
     run = tmp_path / "run"
     run.mkdir()
     why = "stopped at the SLURM time limit after step 3, checkpoint step-3 saved; requeued (attempt 1 of at most 4)"
-    summary = {"status": "requeued", "exit_code": 0, "error": why,
-               "attempts": [{"attempt": 1, "job_id": "77", "status": "requeued", "error": why}]}
+    summary = {
+        "status": "requeued",
+        "exit_code": 0,
+        "error": why,
+        "attempts": [{"attempt": 1, "job_id": "77", "status": "requeued", "error": why}],
+    }
     yield run, summary, lambda: (tmp_path / "calls").read_text().splitlines()
     signal.signal(signal.SIGUSR2, previous)
 
@@ -349,22 +382,32 @@ def test_a_two_node_slurm_job_binds_like_a_launcher_per_node(tmp_path, monkeypat
         return addr, argv[argv.index("--rdzv-conf") + 1].rpartition("is_host=")[2]
 
     def agent_argv(command: list[str]) -> list[str]:
-        return command[command.index("qwen3exp.run.agent") + 1:]
+        return command[command.index("qwen3exp.run.agent") + 1 :]
 
-    exp = validate_experiment(compose("launcher=slurm", "platform=cpu", "launcher.nnodes=2",
-                                      "launcher.nproc_per_node=1"))
+    exp = validate_experiment(
+        compose("launcher=slurm", "platform=cpu", "launcher.nnodes=2", "launcher.nproc_per_node=1")
+    )
     monkeypatch.setattr(slurm_nodes, "hostnames", lambda nodelist: {"n[1-2]": ["n1", "n2"]}[nodelist])
-    where = placement.resolve(exp, {"SLURM_JOB_ID": "9", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "0",
-                                    "SLURM_JOB_NODELIST": "n[1-2]"})
+    where = placement.resolve(
+        exp, {"SLURM_JOB_ID": "9", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "n[1-2]"}
+    )
     (command,) = placement.torchrun_commands(exp, where, nnodes=2, nproc_per_node=1, run_dir=tmp_path)
     assert command[0] == "srun" and where.rdzv_endpoint.startswith("n1:")
     assert binding(command) == ("n1", "true")  # node 0's, started on every node
     slurm_nodes_see = [binding(agent.for_this_node(agent_argv(command), node)) for node in (0, 1)]
 
-    local = validate_experiment(compose("platform=cpu", "launcher.nnodes=2", "launcher.nproc_per_node=1",
-                                        f"launcher.rdzv_endpoint={where.rdzv_endpoint}", "launcher.node_rank=0"))
+    local = validate_experiment(
+        compose(
+            "platform=cpu",
+            "launcher.nnodes=2",
+            "launcher.nproc_per_node=1",
+            f"launcher.rdzv_endpoint={where.rdzv_endpoint}",
+            "launcher.node_rank=0",
+        )
+    )
     here = placement.resolve(local, {})
-    local_nodes_see = [binding(agent.for_this_node(agent_argv(c), node)) for node, c in
-                       enumerate(placement.torchrun_commands(local, here, nnodes=2, nproc_per_node=1,
-                                                             run_dir=tmp_path))]
+    local_nodes_see = [
+        binding(agent.for_this_node(agent_argv(c), node))
+        for node, c in enumerate(placement.torchrun_commands(local, here, nnodes=2, nproc_per_node=1, run_dir=tmp_path))
+    ]
     assert slurm_nodes_see == local_nodes_see == [("n1", "true"), (None, "false")]

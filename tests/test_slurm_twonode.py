@@ -47,8 +47,14 @@ from runprocs import TINY, assert_no_survivors, env_with, free_port, kill_leftov
 pytestmark = pytest.mark.slow
 
 SCRIPT = REPO / "tests" / "slurm" / "twonode.sh"
-TWO_NODES = (*TINY, "launcher=slurm", "launcher.nnodes=2", "launcher.nproc_per_node=1", "launcher.cpus_per_node=1",
-             "launcher.time_limit_min=10")
+TWO_NODES = (
+    *TINY,
+    "launcher=slurm",
+    "launcher.nnodes=2",
+    "launcher.nproc_per_node=1",
+    "launcher.cpus_per_node=1",
+    "launcher.time_limit_min=10",
+)
 
 
 def _why_not() -> str | None:
@@ -153,8 +159,9 @@ def _no_jobs_then_no_survivors(cluster, run_dir: Path) -> None:
     """No SLURM job of this run is listed any more and no process of it is left."""
     deadline, env, jobs = time.monotonic() + 120, env_with(**_env(cluster)), _job_ids(run_dir)
     assert jobs, f"no SLURM job was submitted for {run_dir}"
-    while subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(jobs)], capture_output=True, text=True,
-                         env=env).stdout.strip():
+    while subprocess.run(
+        ["squeue", "-h", "-o", "%i", "-j", ",".join(jobs)], capture_output=True, text=True, env=env
+    ).stdout.strip():
         assert time.monotonic() < deadline, f"SLURM jobs {jobs} still listed 2 minutes after the submitter returned"
         time.sleep(0.2)
     assert_no_survivors(run_dir, grace=30)
@@ -166,8 +173,7 @@ def _result_written(run_dir: Path, job: str) -> float:
     return result.stat().st_mtime
 
 
-def test_ctrl_c_stops_a_two_node_job_while_a_sweep_of_two_node_jobs_ends_with_its_table_and_report(cluster,
-                                                                                                 tmp_path):
+def test_ctrl_c_stops_a_two_node_job_while_a_sweep_of_two_node_jobs_ends_with_its_table_and_report(cluster, tmp_path):
     """Side by side: a 2-node job stopped by Ctrl-C on its submitter, and a sweep of two 2-node
     jobs (one runs beside the stopped job, the other in its place once it has gone)."""
     stopped, stopped_log = tmp_path / "stopped", tmp_path / "stopped.log"
@@ -177,8 +183,9 @@ def test_ctrl_c_stops_a_two_node_job_while_a_sweep_of_two_node_jobs_ends_with_it
         proc = _submit(cluster, *TWO_NODES, "training.steps=400", f"hydra.run.dir={stopped}", log=stopped_log)
         # The sweep is submitted once the stopped job is, so that one of its jobs runs beside it.
         wait_for(lambda: bool(_job_ids(stopped)), proc=proc, timeout=300, what="the stopped job's submission")
-        sweeping = _submit(cluster, "-m", *TWO_NODES, "training.steps=3", "training.seed=1,2",
-                           f"hydra.sweep.dir={sweep}", log=log)
+        sweeping = _submit(
+            cluster, "-m", *TWO_NODES, "training.steps=3", "training.seed=1,2", f"hydra.sweep.dir={sweep}", log=log
+        )
         # Ctrl-C on a submitter while its 2-node job trains: both nodes stop, `interrupted`.
         wait_for(lambda: metric_rows(stopped) >= 2, proc=proc, timeout=300, what="two training steps")
         proc.send_signal(signal.SIGINT)
@@ -203,8 +210,7 @@ def test_ctrl_c_stops_a_two_node_job_while_a_sweep_of_two_node_jobs_ends_with_it
         _cleanup(cluster, stopped, sweep)
 
 
-def test_a_time_limited_job_requeues_and_resumes_while_a_killed_node_fails_another(cluster, tmp_path,
-                                                                                    reference_losses):
+def test_a_time_limited_job_requeues_and_resumes_while_a_killed_node_fails_another(cluster, tmp_path, reference_losses):
     """Two jobs side by side: one with a short time limit (mostly waiting for its pre-timeout
     signal), and one whose second-node agent is killed, then relaunched."""
     limited, limited_log = tmp_path / "limited", tmp_path / "limited.log"
@@ -212,8 +218,15 @@ def test_a_time_limited_job_requeues_and_resumes_while_a_killed_node_fails_anoth
     # Time limit 3 min, pre-timeout signal 90 s before it. The ranks wait at step 3 until it comes
     # (a test hook): the first attempt ends at step 3 (earlier only if the signal comes first: on a
     # slow machine the ranks may still be before step 3 after 90 s).
-    limited_args = (*TWO_NODES, "launcher.time_limit_min=3", "launcher.signal_delay_s=90", "launcher.requeue=true",
-                    "checkpoint=dcp", "checkpoint.interval=100", f"hydra.run.dir={limited}")
+    limited_args = (
+        *TWO_NODES,
+        "launcher.time_limit_min=3",
+        "launcher.signal_delay_s=90",
+        "launcher.requeue=true",
+        "checkpoint=dcp",
+        "checkpoint.interval=100",
+        f"hydra.run.dir={limited}",
+    )
     args = (*TWO_NODES, "checkpoint=dcp", "checkpoint.interval=2", f"hydra.run.dir={run}")
     try:
         # SLURM holds a requeued job about 2 minutes (BeginTime, 144 s measured on 22.05); the
@@ -222,8 +235,12 @@ def test_a_time_limited_job_requeues_and_resumes_while_a_killed_node_fails_anoth
 
         # A killed second-node agent: the job fails fast on both nodes, the summary names node 1.
         proc = _submit(cluster, *args, log=log, QWEN3EXP_FAULT_HANG_AT_STEP="4")
-        wait_for(lambda: (run / "checkpoint" / "step-2" / ".metadata").is_file() and metric_rows(run) >= 3,
-                 proc=proc, timeout=300, what="steps 1-3 and checkpoint step 2")
+        wait_for(
+            lambda: (run / "checkpoint" / "step-2" / ".metadata").is_file() and metric_rows(run) >= 3,
+            proc=proc,
+            timeout=300,
+            what="steps 1-3 and checkpoint step 2",
+        )
         agent = json.loads((run / "logs" / "agent_node1.json").read_text())
         killed = time.monotonic()
         os.kill(agent["pid"], signal.SIGKILL)  # node 1's torchrun agent (its namespace, our pid namespace)
@@ -294,15 +311,19 @@ def _in_netns(cluster, node: int, *args: str, log: Path, own_hostname: bool = Tr
     under this machine's, which resolves to no address of the namespace."""
     import sys
 
-    prefix = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', cluster["nodes"][node]] \
-        if own_hostname else []
-    return subprocess.Popen(["nsenter", f"--net=/var/run/netns/{cluster['netns'][node]}", *prefix, sys.executable,
-                             "-m", "qwen3exp", *args], cwd=REPO, env=env_with(**env), stdout=log.open("w"),
-                            stderr=subprocess.STDOUT)
+    prefix = (
+        ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', cluster["nodes"][node]] if own_hostname else []
+    )
+    return subprocess.Popen(
+        ["nsenter", f"--net=/var/run/netns/{cluster['netns'][node]}", *prefix, sys.executable, "-m", "qwen3exp", *args],
+        cwd=REPO,
+        env=env_with(**env),
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
 
 
-def test_the_local_launcher_across_two_namespaces_and_an_unreachable_rendezvous(cluster, tmp_path,
-                                                                                reference_losses):
+def test_the_local_launcher_across_two_namespaces_and_an_unreachable_rendezvous(cluster, tmp_path, reference_losses):
     """The local launcher, one node per namespace; node 0 under this machine's hostname, which does
     not resolve to the endpoint's (node 0's) address: node 0 hosts the c10d store and the ranks'
     store all the same (torchrun alone would host neither, and the launch hung). Side by side, a
@@ -310,13 +331,27 @@ def test_the_local_launcher_across_two_namespaces_and_an_unreachable_rendezvous(
     run, lone = tmp_path / "run", tmp_path / "lone"
     endpoint = f"{cluster['addrs'][0]}:{free_port()}"
     nowhere = f"{cluster['addrs'][0]}:{free_port()}"  # node 0's address, nothing listens there
-    common = (*TINY, "launcher.nnodes=2", "launcher.nproc_per_node=1", f"launcher.rdzv_endpoint={endpoint}",
-              f"hydra.run.dir={run}")
+    common = (
+        *TINY,
+        "launcher.nnodes=2",
+        "launcher.nproc_per_node=1",
+        f"launcher.rdzv_endpoint={endpoint}",
+        f"hydra.run.dir={run}",
+    )
     try:
         started = time.monotonic()
-        unreachable = _in_netns(cluster, 1, *TINY, "launcher.nnodes=2", "launcher.nproc_per_node=1",
-                                "launcher.node_rank=1", f"launcher.rdzv_endpoint={nowhere}",
-                                "launcher.rdzv_timeout_s=5", f"hydra.run.dir={lone}", log=tmp_path / "lone.log")
+        unreachable = _in_netns(
+            cluster,
+            1,
+            *TINY,
+            "launcher.nnodes=2",
+            "launcher.nproc_per_node=1",
+            "launcher.node_rank=1",
+            f"launcher.rdzv_endpoint={nowhere}",
+            "launcher.rdzv_timeout_s=5",
+            f"hydra.run.dir={lone}",
+            log=tmp_path / "lone.log",
+        )
         node0 = _in_netns(cluster, 0, *common, "launcher.node_rank=0", log=tmp_path / "node0.log", own_hostname=False)
         wait_for(lambda: (run / "experiment.yaml").is_file(), proc=node0, what="node 0's run files")
         node1 = _in_netns(cluster, 1, *common, "launcher.node_rank=1", log=tmp_path / "node1.log")

@@ -57,16 +57,24 @@ def test_safe_dirname():
 
 def test_broken_point_aborts_sweep_before_any_job(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    r = run_cli("-m", "experiment=tiny_sweep", "training.lr=1e-3,-1", "training.seed=1,2",
-                f"hydra.sweep.dir={sweep_dir}")
+    r = run_cli(
+        "-m", "experiment=tiny_sweep", "training.lr=1e-3,-1", "training.seed=1,2", f"hydra.sweep.dir={sweep_dir}"
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr
     # Both broken points are named, with the key and the value; nothing was started or created.
-    for point in ("3/4 [experiment=tiny_sweep training.lr=-1 training.seed=1]",
-                  "4/4 [experiment=tiny_sweep training.lr=-1 training.seed=2]"):
+    for point in (
+        "3/4 [experiment=tiny_sweep training.lr=-1 training.seed=1]",
+        "4/4 [experiment=tiny_sweep training.lr=-1 training.seed=2]",
+    ):
         assert f"configuration error in sweep point {point}" in r.stderr, r.stderr
-    assert r.stderr.count("training.lr = -1: Input should be greater than 0\n      allowed: a number > 0.0\n"
-                          "      from: command line training.lr=-1") == 2, r.stderr
+    assert (
+        r.stderr.count(
+            "training.lr = -1: Input should be greater than 0\n      allowed: a number > 0.0\n"
+            "      from: command line training.lr=-1"
+        )
+        == 2
+    ), r.stderr
     assert not sweep_dir.exists()
     assert "qwen3exp: tiny_sweep:" not in r.stdout
 
@@ -98,9 +106,14 @@ def failing(tmp_path_factory):
     """The sweep with a failing job, started before the interrupted sweep (which requests it) so
     that the two run side by side; test_failing_job_is_recorded_and_the_sweep_goes_on collects it."""
     d = tmp_path_factory.mktemp("failing") / "sweep"
-    started = Background(*FAILING, f"hydra.sweep.dir={d}", folder=d.parent / "launcher",
-                         WANDB_MODE="offline", QWEN3EXP_FAULT_RAISE_AT_STEP="1",
-                         QWEN3EXP_FAULT_RUN_MATCH="training.seed=1,")
+    started = Background(
+        *FAILING,
+        f"hydra.sweep.dir={d}",
+        folder=d.parent / "launcher",
+        WANDB_MODE="offline",
+        QWEN3EXP_FAULT_RAISE_AT_STEP="1",
+        QWEN3EXP_FAULT_RUN_MATCH="training.seed=1,",
+    )
     yield d, started
     started.stop(d)
 
@@ -113,8 +126,14 @@ def sweep(tmp_path_factory, failing):
     runs beside it.)"""
     sweep_dir = tmp_path_factory.mktemp("sweeps") / "lr_x_seed"
     args = [*SWEEP, f"hydra.sweep.dir={sweep_dir}"]
-    proc = subprocess.Popen([sys.executable, "-m", "qwen3exp", *args], cwd=REPO, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qwen3exp", *args],
+        cwd=REPO,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     third = job_dir(sweep_dir, *POINTS[2]) / "experiment.yaml"
     deadline = time.monotonic() + 400
     while not third.exists():
@@ -126,8 +145,14 @@ def sweep(tmp_path_factory, failing):
     before = {p: (job_dir(sweep_dir, *p) / "summary.json").read_bytes() for p in POINTS[:2]}
     mtimes = {p: (job_dir(sweep_dir, *p) / "metrics.jsonl").stat().st_mtime_ns for p in POINTS[:2]}
     second_run = run_cli(*args)
-    return {"dir": sweep_dir, "first_rc": proc.returncode, "first_out": first_out, "before": before,
-            "mtimes": mtimes, "second": second_run}
+    return {
+        "dir": sweep_dir,
+        "first_rc": proc.returncode,
+        "first_out": first_out,
+        "before": before,
+        "mtimes": mtimes,
+        "second": second_run,
+    }
 
 
 @pytest.mark.slow
@@ -135,8 +160,10 @@ def test_interrupted_sweep_reruns_only_the_remaining_jobs(sweep):
     d, second = sweep["dir"], sweep["second"]
     assert sweep["first_rc"] == 130, sweep["first_out"][-3000:]
     first_table = sweep["first_out"].split("qwen3exp sweep interrupted:")[1]
-    assert "2 completed, 1 interrupted, 1 not run" in first_table.splitlines()[0] \
-        or "2 completed, 1 incomplete, 1 not run" in first_table.splitlines()[0], first_table
+    assert (
+        "2 completed, 1 interrupted, 1 not run" in first_table.splitlines()[0]
+        or "2 completed, 1 incomplete, 1 not run" in first_table.splitlines()[0]
+    ), first_table
     assert f"hydra.sweep.dir={d}" in sweep["first_out"].split("resume (runs only the")[1]
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "resuming: 2 completed earlier (skipped); 1 unfinished" in second.stdout
@@ -144,8 +171,11 @@ def test_interrupted_sweep_reruns_only_the_remaining_jobs(sweep):
     for p in POINTS[:2]:
         assert (job_dir(d, *p) / "summary.json").read_bytes() == sweep["before"][p]
         assert (job_dir(d, *p) / "metrics.jsonl").stat().st_mtime_ns == sweep["mtimes"][p]
-    launched = [line.rsplit("run directory ", 1)[1] for line in second.stdout.splitlines()
-                if line.startswith("qwen3exp: tiny_sweep: ")]
+    launched = [
+        line.rsplit("run directory ", 1)[1]
+        for line in second.stdout.splitlines()
+        if line.startswith("qwen3exp: tiny_sweep: ")
+    ]
     assert sorted(launched) == sorted(str(job_dir(d, *p)) for p in POINTS[2:])
     for p in POINTS:
         s = read_summary(job_dir(d, *p))
@@ -192,6 +222,7 @@ def test_report_table_has_a_row_per_run_and_the_varied_keys(sweep):
 def test_loss_plot_has_one_curve_per_run(sweep, tmp_path):
     from qwen3exp.analysis import report
     from qwen3exp.run import rundir
+
     d = sweep["dir"]
     png = d / "loss.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
@@ -211,7 +242,7 @@ def test_loss_plot_has_one_curve_per_run(sweep, tmp_path):
 
     pixels = matplotlib.image.imread(str(png))[..., :3]
     for colour in ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"):
-        rgb = [int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+        rgb = [int(colour[i : i + 2], 16) / 255 for i in (1, 3, 5)]
         close = (abs(pixels - rgb).max(axis=-1) < 0.02).sum()
         assert close > 200, colour
 

@@ -18,17 +18,30 @@ from qwen3exp.titan import trackers
 
 # Offline, and every folder wandb writes outside the run directory inside the test's tmp folder.
 WANDB_OFFLINE = ("WANDB_MODE", "WANDB_SILENT", "WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR")
-ARGS = ("platform=cpu", "launcher.nproc_per_node=1", "platform.threads_per_rank=1", "training.steps=3",
-        "training.warmup_steps=1", "training.seq_len=64", "training.local_batch_size=2", "validation.steps=1",
-        "metrics.wandb=true")
+ARGS = (
+    "platform=cpu",
+    "launcher.nproc_per_node=1",
+    "platform.threads_per_rank=1",
+    "training.steps=3",
+    "training.warmup_steps=1",
+    "training.seq_len=64",
+    "training.local_batch_size=2",
+    "validation.steps=1",
+    "metrics.wandb=true",
+)
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory) -> Path:
     """The run directory of a one-job sweep (-m training.lr=0.001) with W&B offline."""
     tmp = tmp_path_factory.mktemp("trackers")
-    env = dict(zip(WANDB_OFFLINE, ("offline", "true", str(tmp / "wandb-config"), str(tmp / "wandb-cache"),
-                                   str(tmp / "wandb-data")), strict=True))
+    env = dict(
+        zip(
+            WANDB_OFFLINE,
+            ("offline", "true", str(tmp / "wandb-config"), str(tmp / "wandb-cache"), str(tmp / "wandb-data")),
+            strict=True,
+        )
+    )
     r = run_cli("-m", *ARGS, "training.lr=0.001", f"hydra.sweep.dir={tmp / 'sweep'}", env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (run,) = [p.parent for p in (tmp / "sweep").glob("*/summary.json")]
@@ -56,8 +69,8 @@ def wandb_records(path: Path):
         if left < _HEADER:  # a block's tail too short for a header is padding
             pos += left
             continue
-        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
-        parts.append(data[pos + _HEADER:pos + _HEADER + length])
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        parts.append(data[pos + _HEADER : pos + _HEADER + length])
         pos += _HEADER + length
         if kind in (_FULL, _LAST):
             record = wandb_internal_pb2.Record()
@@ -77,8 +90,12 @@ def test_wandb_run_has_the_experiment_as_config_and_the_sweep_overrides_as_tags(
     assert "training.lr=0.001" in run.tags and "training.steps=3" in run.tags
     assert all(len(tag) > 1 for tag in run.tags)  # torchtitan's bare string became one tag per character
     assert run.run_group == "tiny_native/sweep" and run.display_name == f"tiny_native/{job.name}"
-    logged = {item.key or "/".join(item.nested_key) for r in records if r.WhichOneof("record_type") == "history"
-              for item in r.history.item}
+    logged = {
+        item.key or "/".join(item.nested_key)
+        for r in records
+        if r.WhichOneof("record_type") == "history"
+        for item in r.history.item
+    }
     assert "loss_metrics/global_avg_loss" in logged and not any("mfu" in k for k in logged)  # CPU: no peak
     # torchtitan put W&B's files next to the TensorBoard events; now tb/ holds TensorBoard's only.
     assert [p.name for p in job.glob("tb/*/*")] == [p.name for p in job.glob("tb/*/events.out.tfevents.*")]
@@ -116,14 +133,27 @@ def test_torchtitan_log_line_says_mfu_is_unknown_on_cpu(job):
 
 
 # ------------------------------------------------------------------ unit: tags, hparams, wandb.init
-SWEEP_JOB = {"mode": "MULTIRUN", "task_overrides": ["experiment=tiny_sweep", "training.lr=0.001", "training.seed=1",
-                                                    "dry_run=false", "+wandb_api_key=***", "~validation.path",
-                                                    "data.path=/" + "x" * 80],
-             "override_dirname": "experiment=tiny_sweep,training.lr=0.001,training.seed=1", "sweep_dir": "/s/d"}
+SWEEP_JOB = {
+    "mode": "MULTIRUN",
+    "task_overrides": [
+        "experiment=tiny_sweep",
+        "training.lr=0.001",
+        "training.seed=1",
+        "dry_run=false",
+        "+wandb_api_key=***",
+        "~validation.path",
+        "data.path=/" + "x" * 80,
+    ],
+    "override_dirname": "experiment=tiny_sweep,training.lr=0.001,training.seed=1",
+    "sweep_dir": "/s/d",
+}
 PLAIN = {"mode": "RUN", "task_overrides": ["training.lr=0.01", "++model.flavor=tiny"], "sweep_dir": None}
-EXPERIMENT = {"name": "tiny_sweep", "model": {"flavor": "tiny", "backend": "native"},
-              "training": {"lr": 0.001, "steps": 5, "seed": 1, "warmup_steps": None},
-              "kernels": {"rope": {"fqns": ["a", "b"]}}}
+EXPERIMENT = {
+    "name": "tiny_sweep",
+    "model": {"flavor": "tiny", "backend": "native"},
+    "training": {"lr": 0.001, "steps": 5, "seed": 1, "warmup_steps": None},
+    "kernels": {"rope": {"fqns": ["a", "b"]}},
+}
 
 
 def test_sweep_job_tags_are_its_overrides():
@@ -137,19 +167,32 @@ def test_a_plain_run_has_no_tags():
 
 def test_hparams_are_the_overridden_keys_with_their_recorded_values():
     assert trackers.hparams(EXPERIMENT, SWEEP_JOB) == {
-        "experiment": "tiny_sweep", "training.lr": 0.001, "training.seed": 1, "data.path": "/" + "x" * 80}
+        "experiment": "tiny_sweep",
+        "training.lr": 0.001,
+        "training.seed": 1,
+        "data.path": "/" + "x" * 80,
+    }
     # a plain run: its command-line overrides (++ dropped), typed from the experiment
     assert trackers.hparams(EXPERIMENT, PLAIN) == {"training.lr": 0.001, "model.flavor": "tiny"}
     # no overrides at all: the small default set
     assert trackers.hparams(EXPERIMENT, {"mode": "RUN", "task_overrides": []}) == {
-        "name": "tiny_sweep", "model.flavor": "tiny", "training.lr": 0.001, "training.steps": 5}
+        "name": "tiny_sweep",
+        "model.flavor": "tiny",
+        "training.lr": 0.001,
+        "training.steps": 5,
+    }
     assert trackers.hparam_value(None) == "null" and trackers.hparam_value(["a", "b"]) == '["a", "b"]'
 
 
 def test_wandb_init_args(tmp_path):
     record = trackers.RunRecord(EXPERIMENT, SWEEP_JOB)
-    env = {"WANDB_PROJECT": "p", "WANDB_RUN_NAME": "tiny_sweep/job", "WANDB_RUN_GROUP": "tiny_sweep/d",
-           "WANDB_RUN_TAGS": "mine,training.lr=0.001", "WANDB_TEAM": "team"}
+    env = {
+        "WANDB_PROJECT": "p",
+        "WANDB_RUN_NAME": "tiny_sweep/job",
+        "WANDB_RUN_GROUP": "tiny_sweep/d",
+        "WANDB_RUN_TAGS": "mine,training.lr=0.001",
+        "WANDB_TEAM": "team",
+    }
     args = trackers.wandb_init_args(tmp_path, record, env)
     assert args["dir"] == str(tmp_path) and args["project"] == "p" and args["entity"] == "team"
     assert args["name"] == "tiny_sweep/job" and args["group"] == "tiny_sweep/d"

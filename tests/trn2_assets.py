@@ -21,23 +21,55 @@ from qwen3exp.assets import TOKENIZER_DIR
 
 # https://huggingface.co/Qwen/Qwen3-4B-Instruct-2507/blob/main/config.json (the values that matter)
 QWEN3_4B_INSTRUCT_2507 = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 2560,
-    "intermediate_size": 9728, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
-    "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": True, "rope_theta": 5000000,
-    "rms_norm_eps": 1e-6, "max_position_embeddings": 262144, "hidden_act": "silu", "attention_bias": False,
-    "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16", "rope_scaling": None,
-    "use_sliding_window": False, "sliding_window": None,
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 2560,
+    "intermediate_size": 9728,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "rope_theta": 5000000,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 262144,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "torch_dtype": "bfloat16",
+    "rope_scaling": None,
+    "use_sliding_window": False,
+    "sliding_window": None,
 }
 
 # https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json (the values that matter)
 QWEN3_30B_A3B = {
-    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
-    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
-    "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True, "num_hidden_layers": 48,
-    "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936,
-    "tie_word_embeddings": False, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
-    "max_position_embeddings": 40960, "hidden_act": "silu", "attention_bias": False,
-    "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16",
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "norm_topk_prob": True,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "tie_word_embeddings": False,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 40960,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "torch_dtype": "bfloat16",
 }
 
 
@@ -50,13 +82,21 @@ def dense_tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
         out["lm_head.weight"] = (cfg["vocab_size"], d)
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        out.update({
-            p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,),
-            p + "self_attn.q_proj.weight": (h * hd, d), p + "self_attn.k_proj.weight": (kv * hd, d),
-            p + "self_attn.v_proj.weight": (kv * hd, d), p + "self_attn.o_proj.weight": (d, h * hd),
-            p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
-            p + "mlp.gate_proj.weight": (f, d), p + "mlp.up_proj.weight": (f, d), p + "mlp.down_proj.weight": (d, f),
-        })
+        out.update(
+            {
+                p + "input_layernorm.weight": (d,),
+                p + "post_attention_layernorm.weight": (d,),
+                p + "self_attn.q_proj.weight": (h * hd, d),
+                p + "self_attn.k_proj.weight": (kv * hd, d),
+                p + "self_attn.v_proj.weight": (kv * hd, d),
+                p + "self_attn.o_proj.weight": (d, h * hd),
+                p + "self_attn.q_norm.weight": (hd,),
+                p + "self_attn.k_norm.weight": (hd,),
+                p + "mlp.gate_proj.weight": (f, d),
+                p + "mlp.up_proj.weight": (f, d),
+                p + "mlp.down_proj.weight": (d, f),
+            }
+        )
     return out
 
 

@@ -7,7 +7,6 @@ work is done by `qwen3exp.launchers.batch`; this class is the part Hydra's plugi
 (plugins live in the `hydra_plugins` namespace package).
 """
 
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +17,9 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
+from qwen3exp.config.jobs import JobConfigs
+from qwen3exp.launchers import batch
+
 
 class Qwen3expLauncher(Launcher):
     def __init__(self, **params: Any) -> None:
@@ -27,15 +29,17 @@ class Qwen3expLauncher(Launcher):
         self.task_function: TaskFunction | None = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        # The sweeper shares this context: with JobConfigs in it, the sweeper's check of a batch and
+        # this launcher get each job's config from one composition (qwen3exp.config.jobs).
+        if not isinstance(hydra_context.config_loader, JobConfigs):
+            hydra_context.config_loader = JobConfigs(hydra_context.config_loader)
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from qwen3exp.launchers import batch
-
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
-        return batch.launch(self.config, self.hydra_context, self.task_function, job_overrides, initial_job_idx)
+        return batch.launch(self.config, self.hydra_context, job_overrides, initial_job_idx)
 
 
 @dataclass

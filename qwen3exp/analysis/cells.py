@@ -7,8 +7,13 @@ from typing import Any
 
 from qwen3exp.analysis.diff import show
 
-FORMATS = {"final loss": "{:.4f}", "val loss": "{:.4f}", "tokens/s": "{:,.0f}", "peak mem GiB": "{:.2f}",
-           "wall s": "{:.1f}"}
+FORMATS = {
+    "final loss": "{:.4f}",
+    "val loss": "{:.4f}",
+    "tokens/s": "{:,.0f}",
+    "peak mem GiB": "{:.2f}",
+    "wall s": "{:.1f}",
+}
 """The format of each metric column that holds a number."""
 
 
@@ -26,4 +31,3 @@ def cell(column: str, value: Any) -> str:
 def esc(s: str) -> str:
     """A Markdown table cell: `|` escaped."""
     return s.replace("|", "\\|")
-

@@ -13,8 +13,14 @@ from qwen3exp.analysis.runs import Run
 from qwen3exp.run import rundir
 from qwen3exp.run.identity import differences
 
-COMPARED = (("steps", "steps"), ("final loss", "final_loss"), ("val loss", "val_loss"),
-            ("tokens/s", "tokens_per_second"), ("peak mem GiB", "peak_memory_gib"), ("wall s", "wall_seconds"))
+COMPARED = (
+    ("steps", "steps"),
+    ("final loss", "final_loss"),
+    ("val loss", "val_loss"),
+    ("tokens/s", "tokens_per_second"),
+    ("peak mem GiB", "peak_memory_gib"),
+    ("wall s", "wall_seconds"),
+)
 """(column, Run attribute) of the final metrics a comparison puts side by side."""
 
 
@@ -30,8 +36,12 @@ class Comparison:
 
 def compare(a: Run, b: Run) -> Comparison:
     """B against A: the resolved experiment keys that differ and the final metrics side by side."""
-    return Comparison(a, b, differences(rundir.identity_view(a.experiment), rundir.identity_view(b.experiment)),
-                      [(column, getattr(a, attr), getattr(b, attr)) for column, attr in COMPARED])
+    return Comparison(
+        a,
+        b,
+        differences(rundir.identity_view(a.experiment), rundir.identity_view(b.experiment)),
+        [(column, getattr(a, attr), getattr(b, attr)) for column, attr in COMPARED],
+    )
 
 
 def _number(v: Any) -> bool:
@@ -56,8 +66,10 @@ def ratio(va: Any, vb: Any) -> str:
 
 
 def metric_rows(c: Comparison) -> list[list[str]]:
-    return [[column, cell(column, va), cell(column, vb), delta(column, va, vb), ratio(va, vb)]
-            for column, va, vb in c.metrics]
+    return [
+        [column, cell(column, va), cell(column, vb), delta(column, va, vb), ratio(va, vb)]
+        for column, va, vb in c.metrics
+    ]
 
 
 def render_comparison(c: Comparison) -> str:
@@ -73,8 +85,10 @@ def render_comparison(c: Comparison) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     out.append("final metrics:")
     for r in rows:
-        out.append("  " + "  ".join(x.ljust(w) if i == 0 else x.rjust(w)
-                                    for i, (x, w) in enumerate(zip(r, widths, strict=True))))
+        out.append(
+            "  "
+            + "  ".join(x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(r, widths, strict=True)))
+        )
     return "\n".join(line.rstrip() for line in out)
 
 

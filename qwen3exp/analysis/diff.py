@@ -50,9 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("run_a", type=Path)
     ap.add_argument("run_b", type=Path)
-    ap.add_argument("--provenance", action="store_true",
-                    help="also compare git commits (qwen3exp's, the experiments repository's), package versions, "
-                         "platform and host")
+    ap.add_argument(
+        "--provenance",
+        action="store_true",
+        help="also compare git commits (qwen3exp's, the experiments repository's), package versions, platform and host",
+    )
     try:
         args = ap.parse_args(argv)
     except SystemExit as e:  # argparse printed the usage and the mistake (an unknown option, ...)

@@ -14,7 +14,7 @@ from qwen3exp.analysis.diff import show
 from qwen3exp.analysis.runs import Run
 
 if TYPE_CHECKING:
-    from qwen3exp.analysis.report import Table
+    from qwen3exp.analysis.report_table import Table
 
 SOFTWARE = "qwen3exp report"
 """The PNG metadata `Software` value that marks a plot as written by `report`."""
@@ -27,7 +27,9 @@ def curve_labels(t: Table) -> list[str]:
         return [row[0] for row in t.rows]
     tails = [k.rsplit(".", 1)[-1] for k in t.varied]
     names = tails if len(set(tails)) == len(tails) else t.varied
-    return [" ".join(f"{n}={show(v)}" for n, v in zip(names, row[1:1 + len(t.varied)], strict=True)) for row in t.rows]
+    return [
+        " ".join(f"{n}={show(v)}" for n, v in zip(names, row[1 : 1 + len(t.varied)], strict=True)) for row in t.rows
+    ]
 
 
 def curves(t: Table) -> list[tuple[Run, str, str]]:
@@ -38,17 +40,17 @@ def curves(t: Table) -> list[tuple[Run, str, str]]:
 
 
 def _figure():
-    import matplotlib
+    import matplotlib  # lazy: slow to import; only when a report draws its plots
 
     matplotlib.use("Agg")
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: after the Agg backend is chosen
 
     fig = Figure(figsize=(8, 5), layout="constrained")
     return fig, fig.add_subplot()
 
 
 def _finish(fig, ax, path: Path, *, ylabel: str, title: str) -> None:
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # lazy: slow to import; only when plots are drawn
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
@@ -93,9 +95,14 @@ def plot_throughput(t: Table, path: Path):
             continue
         steps, tps = zip(*points, strict=True)
         mean = run.tokens_per_second
-        ax.plot(steps, tps, color=colour, marker="o" if len(points) <= 20 else None, markersize=3,
-                label=label if mean is None else f"{label} (mean {mean:,.0f})")
+        ax.plot(
+            steps,
+            tps,
+            color=colour,
+            marker="o" if len(points) <= 20 else None,
+            markersize=3,
+            label=label if mean is None else f"{label} (mean {mean:,.0f})",
+        )
     ax.set_ylim(bottom=0)
-    _finish(fig, ax, path, ylabel="tokens/s",
-            title="throughput (legend: mean tokens/s after step 1)" + _by(t))
+    _finish(fig, ax, path, ylabel="tokens/s", title="throughput (legend: mean tokens/s after step 1)" + _by(t))
     return fig

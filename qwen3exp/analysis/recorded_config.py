@@ -28,22 +28,30 @@ from pathlib import Path
 from qwen3exp.errors import Problem
 from qwen3exp.run import records
 
-DATA_NOT_CODE = ("a recorded run directory is data and qwen3exp never runs code from it; if you wrote "
-                 "this yourself, put it in an experiment file and run python -m qwen3exp")
+DATA_NOT_CODE = (
+    "a recorded run directory is data and qwen3exp never runs code from it; if you wrote "
+    "this yourself, put it in an experiment file and run python -m qwen3exp"
+)
 ALLOWED_TARGETS = {
-    "hydra.launcher": ("hydra._internal.core_plugins.basic_launcher.BasicLauncher",
-                       "hydra_plugins.qwen3exp_launcher.launcher.Qwen3expLauncher",
-                       "hydra_plugins.hydra_submitit_launcher.submitit_launcher.*Launcher"),
-    "hydra.sweeper": ("hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
-                      "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"),
+    "hydra.launcher": (
+        "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
+        "hydra_plugins.qwen3exp_launcher.launcher.Qwen3expLauncher",
+        "hydra_plugins.hydra_submitit_launcher.submitit_launcher.*Launcher",
+    ),
+    "hydra.sweeper": (
+        "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+        "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper",
+    ),
     "hydra.sweeper.sampler": ("optuna.samplers.*Sampler",),
 }
 """Where a recorded `hydra:` section may name a class, and which: Hydra's own launcher and sweeper
 plugins (and Optuna's samplers), nothing else. `*` stands for one identifier (no dots)."""
 LOG_HANDLER_CLASSES = ("logging.StreamHandler", "logging.FileHandler")
 LOG_STREAMS = ("ext://sys.stdout", "ext://sys.stderr")
-LOG_FILENAMES = ("${hydra.runtime.output_dir}/${hydra.job.name}.log",
-                 "${hydra:runtime.output_dir}/${hydra.job.name}.log")
+LOG_FILENAMES = (
+    "${hydra.runtime.output_dir}/${hydra.job.name}.log",
+    "${hydra:runtime.output_dir}/${hydra.job.name}.log",
+)
 """Hydra's default job log file; any other path lets a recorded file append to, e.g., ~/.bashrc."""
 INTERPOLATION = "${"
 """What starts an OmegaConf interpolation or resolver call (escaped or not: `\\${` is refused too)."""
@@ -65,24 +73,37 @@ def recorded_code_problems(config_yaml: Path, run: Path, overrides: tuple[str, .
     try:
         data = records.load_yaml(config_yaml)
     except records.Unreadable as e:
-        return [Problem("(recorded config)", str(config_yaml), f"not readable as plain data: {e.why}",
-                        "Hydra's own config.yaml of a run (plain YAML, no tags, a few kB)")]
+        return [
+            Problem(
+                "(recorded config)",
+                str(config_yaml),
+                f"not readable as plain data: {e.why}",
+                "Hydra's own config.yaml of a run (plain YAML, no tags, a few kB)",
+            )
+        ]
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        return [Problem("(recorded config)", type(data).__name__, "the file is no mapping",
-                        "Hydra's own config.yaml of a run")]
+        return [
+            Problem(
+                "(recorded config)", type(data).__name__, "the file is no mapping", "Hydra's own config.yaml of a run"
+            )
+        ]
     problems: list[Problem] = []
     if "defaults" in data:
         problems.append(_code("defaults", data["defaults"], "a defaults list selects config groups (code among them)"))
     for path, key, value in _walk({k: v for k, v in data.items() if k not in ("hydra", "defaults")}):
         if key in ("_target_", "()"):
-            problems.append(_code(_join(path, key), value,
-                                  "qwen3exp's experiment has no targets: qwen3exp did not write this file"))
+            problems.append(
+                _code(_join(path, key), value, "qwen3exp's experiment has no targets: qwen3exp did not write this file")
+            )
     hydra = data.get("hydra")
     if hydra is not None:
-        problems += _hydra_problems(hydra) if isinstance(hydra, dict) else [
-            Problem("hydra", hydra, "not a mapping", "no hydra section (a run records it in hydra.yaml)")]
+        problems += (
+            _hydra_problems(hydra)
+            if isinstance(hydra, dict)
+            else [Problem("hydra", hydra, "not a mapping", "no hydra section (a run records it in hydra.yaml)")]
+        )
     problems += _override_import_problems(data, run)
     problems += interpolation_problems(data, overrides)
     return problems
@@ -99,15 +120,23 @@ def interpolation_problems(data: dict, overrides: tuple[str, ...] = ()) -> list[
         if any(dotted == g or dotted.startswith((g + ".", g + "[")) for g in given):
             continue
         if INTERPOLATION in key:
-            problems.append(Problem(dotted, key, "a key with an interpolation", "plain keys",
-                                    hint=f"refused: {DATA_NOT_CODE}"))
+            problems.append(
+                Problem(dotted, key, "a key with an interpolation", "plain keys", hint=f"refused: {DATA_NOT_CODE}")
+            )
         for where, text in _strings(value, dotted):
             if INTERPOLATION in text and not (key == "filename" and text in LOG_FILENAMES and where == dotted):
-                problems.append(Problem(where, text, "an interpolation: composing the run again would resolve it "
-                                        "(read the environment, decode text into config, ...)",
-                                        "plain values", hint=f"{where} holds the value the run resolved in "
-                                        f"experiment.yaml; pass {where}=VALUE to relaunch to use a value of your own "
-                                        "(the recorded interpolation is then never resolved)"))
+                problems.append(
+                    Problem(
+                        where,
+                        text,
+                        "an interpolation: composing the run again would resolve it "
+                        "(read the environment, decode text into config, ...)",
+                        "plain values",
+                        hint=f"{where} holds the value the run resolved in "
+                        f"experiment.yaml; pass {where}=VALUE to relaunch to use a value of your own "
+                        "(the recorded interpolation is then never resolved)",
+                    )
+                )
     return problems
 
 
@@ -130,43 +159,80 @@ def hydra_folder_problems(hydra_dir: Path) -> list[Problem]:
     try:
         folders = sorted(p.name for p in hydra_dir.iterdir() if p.is_dir())
     except OSError as e:
-        return [Problem("(recorded run)", str(hydra_dir), f"cannot be listed: {e.strerror or type(e).__name__}",
-                        "a readable run directory")]
-    return [Problem("(recorded run)", str(hydra_dir / name), "a folder of config files inside the recorded .hydra/: "
-                    "Hydra would read config groups from it", "only Hydra's own files (config.yaml, hydra.yaml, "
-                    "overrides.yaml)", hint=f"refused: {DATA_NOT_CODE}") for name in folders]
+        return [
+            Problem(
+                "(recorded run)",
+                str(hydra_dir),
+                f"cannot be listed: {e.strerror or type(e).__name__}",
+                "a readable run directory",
+            )
+        ]
+    return [
+        Problem(
+            "(recorded run)",
+            str(hydra_dir / name),
+            "a folder of config files inside the recorded .hydra/: Hydra would read config groups from it",
+            "only Hydra's own files (config.yaml, hydra.yaml, overrides.yaml)",
+            hint=f"refused: {DATA_NOT_CODE}",
+        )
+        for name in folders
+    ]
 
 
 def _hydra_problems(hydra: dict) -> list[Problem]:
     problems: list[Problem] = []
     callbacks = hydra.get("callbacks")
     if callbacks:
-        for name, cb in (callbacks.items() if isinstance(callbacks, dict) else [("", callbacks)]):
+        for name, cb in callbacks.items() if isinstance(callbacks, dict) else [("", callbacks)]:
             target = cb.get("_target_") if isinstance(cb, dict) else cb
-            problems.append(_code(_join("hydra.callbacks", name), target,
-                                  "Hydra instantiates every callback (imports and calls its _target_)"))
+            problems.append(
+                _code(
+                    _join("hydra.callbacks", name),
+                    target,
+                    "Hydra instantiates every callback (imports and calls its _target_)",
+                )
+            )
     launcher = hydra.get("launcher")
     if isinstance(launcher, dict) and launcher.get("setup"):  # submitit runs them in every SLURM job
         problems.append(_code("hydra.launcher.setup", launcher["setup"], "shell lines every launched job runs"))
     job = hydra.get("job")
     if isinstance(job, dict) and job.get("env_set"):
-        problems.append(_code("hydra.job.env_set", job["env_set"],
-                              "environment variables set for the run load code (LD_PRELOAD, PYTHONPATH, ...)"))
+        problems.append(
+            _code(
+                "hydra.job.env_set",
+                job["env_set"],
+                "environment variables set for the run load code (LD_PRELOAD, PYTHONPATH, ...)",
+            )
+        )
     if hydra.get("searchpath"):
         problems.append(_code("hydra.searchpath", hydra["searchpath"], "adds config sources the run would read"))
     if hydra.get("mode") not in (None, "RUN"):
         problems.append(Problem("hydra.mode", hydra["mode"], "relaunch repeats one recorded run", "RUN (or absent)"))
     if hydra.get("output_subdir") not in (None, ".hydra"):
-        problems.append(Problem("hydra.output_subdir", hydra["output_subdir"],
-                                "Hydra would write its files outside the new run's .hydra folder", ".hydra"))
+        problems.append(
+            Problem(
+                "hydra.output_subdir",
+                hydra["output_subdir"],
+                "Hydra would write its files outside the new run's .hydra folder",
+                ".hydra",
+            )
+        )
     logging_sections = ("job_logging", "hydra_logging")
-    for path, key, value in _walk({k: v for k, v in hydra.items() if k not in ("callbacks", *logging_sections)},
-                                  ("hydra",)):
+    for path, key, value in _walk(
+        {k: v for k, v in hydra.items() if k not in ("callbacks", *logging_sections)}, ("hydra",)
+    ):
         if key == "_target_" and not allowed_target(".".join(path), value):
             allowed = ALLOWED_TARGETS.get(".".join(path))
-            problems.append(_code(_join(path, key), value, "Hydra would import and call it",
-                                  ", ".join(allowed) if allowed else
-                                  "no _target_ here (only hydra.launcher, hydra.sweeper and hydra.sweeper.sampler)"))
+            problems.append(
+                _code(
+                    _join(path, key),
+                    value,
+                    "Hydra would import and call it",
+                    ", ".join(allowed)
+                    if allowed
+                    else "no _target_ here (only hydra.launcher, hydra.sweeper and hydra.sweeper.sampler)",
+                )
+            )
         elif key == "()":
             problems.append(_code(_join(path, key), value, "Hydra would call this factory"))
     for section in logging_sections:
@@ -188,24 +254,41 @@ def _logging_problems(conf: dict, where: tuple[str, ...]) -> list[Problem]:
         elif isinstance(value, str) and value.startswith("ext://") and value not in LOG_STREAMS:
             problems.append(_code(_join(path, key), value, why, ", ".join(LOG_STREAMS)))
     handlers = conf.get("handlers")
-    for name, handler in (handlers.items() if isinstance(handlers, dict) else []):
+    for name, handler in handlers.items() if isinstance(handlers, dict) else []:
         if not isinstance(handler, dict):
-            problems.append(Problem(_join((*where, "handlers"), str(name)), handler, "not a mapping",
-                                    "a handler: class, formatter, level, stream or filename"))
+            problems.append(
+                Problem(
+                    _join((*where, "handlers"), str(name)),
+                    handler,
+                    "not a mapping",
+                    "a handler: class, formatter, level, stream or filename",
+                )
+            )
             continue
         at = _join((*where, "handlers", str(name)), "class")
         cls = handler.get("class")
         if cls is not None and cls not in LOG_HANDLER_CLASSES:
             problems.append(_code(at, cls, why, ", ".join(LOG_HANDLER_CLASSES)))
         if cls == "logging.FileHandler" and handler.get("filename") not in LOG_FILENAMES:
-            problems.append(_code(_join((*where, "handlers", str(name)), "filename"), handler.get("filename"),
-                                  "a log file outside the new run directory (log lines appended to any file)",
-                                  LOG_FILENAMES[0]))
+            problems.append(
+                _code(
+                    _join((*where, "handlers", str(name)), "filename"),
+                    handler.get("filename"),
+                    "a log file outside the new run directory (log lines appended to any file)",
+                    LOG_FILENAMES[0],
+                )
+            )
     formatters = conf.get("formatters")
-    for name, formatter in (formatters.items() if isinstance(formatters, dict) else []):
+    for name, formatter in formatters.items() if isinstance(formatters, dict) else []:
         if isinstance(formatter, dict) and "class" in formatter:
-            problems.append(_code(_join((*where, "formatters", str(name)), "class"), formatter["class"], why,
-                                  "format and datefmt only"))
+            problems.append(
+                _code(
+                    _join((*where, "formatters", str(name)), "class"),
+                    formatter["class"],
+                    why,
+                    "format and datefmt only",
+                )
+            )
     return problems
 
 
@@ -222,12 +305,19 @@ def _override_import_problems(data: dict, run: Path) -> list[Problem]:
         if spec is None:
             continue
         # origin is a file only with has_location ("built-in", "frozen" are no paths).
-        places = [*([spec.origin] if spec.has_location and spec.origin else []),
-                  *(spec.submodule_search_locations or ())]
+        places = [
+            *([spec.origin] if spec.has_location and spec.origin else []),
+            *(spec.submodule_search_locations or ()),
+        ]
         inside = [p for p in places if Path(p).resolve().is_relative_to(run)]
         if inside:
-            problems.append(_code(f"kernels.overrides[{i}].target", target,
-                                  f"the module would be imported from the run directory ({inside[0]})"))
+            problems.append(
+                _code(
+                    f"kernels.overrides[{i}].target",
+                    target,
+                    f"the module would be imported from the run directory ({inside[0]})",
+                )
+            )
     return problems
 
 
@@ -235,7 +325,8 @@ def allowed_target(place: str, target) -> bool:
     """Whether `target` is one of Hydra's own plugins allowed at `place` (e.g. `hydra.launcher`)."""
     patterns = ALLOWED_TARGETS.get(place, ())
     return isinstance(target, str) and any(
-        re.fullmatch(re.escape(p).replace(r"\*", r"[A-Za-z_][A-Za-z0-9_]*"), target) for p in patterns)
+        re.fullmatch(re.escape(p).replace(r"\*", r"[A-Za-z_][A-Za-z0-9_]*"), target) for p in patterns
+    )
 
 
 def _code(key: str, value, why: str, allowed: str | None = None) -> Problem:

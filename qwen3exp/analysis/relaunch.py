@@ -26,9 +26,18 @@ import os
 import sys
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
+from qwen3exp.analysis.diff import show
 from qwen3exp.analysis.recorded_config import hydra_folder_problems, recorded_code_problems
+from qwen3exp.config.argv import quote_value
+from qwen3exp.config.compose import experiment_data
+from qwen3exp.config.composer import Composer
+from qwen3exp.config.names import stamp
+from qwen3exp.config.schema import validate_experiment
 from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError, Problem, printable
-from qwen3exp.run import records, rundir
+from qwen3exp.run import identity, provenance, records, rundir
+from qwen3exp.run.identity import differences
 
 
 def main(argv: list[str], run_command) -> int:
@@ -38,13 +47,17 @@ def main(argv: list[str], run_command) -> int:
         return 0 if argv else EXIT_CONFIG_ERROR
     run, overrides = Path(argv[0]), argv[1:]
     if flags := [a for a in argv if a.startswith("-")]:
-        print(f"qwen3exp relaunch: unknown option {printable(flags[0])}\nusage: qwen3exp relaunch RUN [overrides]",
-              file=sys.stderr)
+        print(
+            f"qwen3exp relaunch: unknown option {printable(flags[0])}\nusage: qwen3exp relaunch RUN [overrides]",
+            file=sys.stderr,
+        )
         return EXIT_CONFIG_ERROR
     config_dir = (run / rundir.HYDRA).resolve()
     if not (config_dir / "config.yaml").is_file():
-        print(f"qwen3exp relaunch: {printable(str(run))} is not a run directory (no {rundir.HYDRA}/config.yaml)",
-              file=sys.stderr)
+        print(
+            f"qwen3exp relaunch: {printable(str(run))} is not a run directory (no {rundir.HYDRA}/config.yaml)",
+            file=sys.stderr,
+        )
         return EXIT_CONFIG_ERROR
     try:
         recorded = _recorded(run, config_dir, overrides)
@@ -53,16 +66,23 @@ def main(argv: list[str], run_command) -> int:
     except ConfigError as e:
         print(e.render(), file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    from qwen3exp.run import identity
-
     new = identity.recorded_data(exp)
     if recorded is not None:
         _report_config(recorded, new, overrides)
     _report_code(run)
     kept = [o for o in overrides if not o.startswith("hydra.run.dir=")]
-    code = run_command(["--config-path", str(config_dir), "--config-name", "config", *kept, *RECOMPOSE,
-                        f"hydra.run.dir={_quote(run_dir)}"],
-                       command=[sys.executable, "-m", "qwen3exp", "relaunch", *argv])
+    code = run_command(
+        [
+            "--config-path",
+            str(config_dir),
+            "--config-name",
+            "config",
+            *kept,
+            *RECOMPOSE,
+            f"hydra.run.dir={quote_value(run_dir)}",
+        ],
+        command=[sys.executable, "-m", "qwen3exp", "relaunch", *argv],
+    )
     if code == 0 and not exp.dry_run:
         print(compare_losses(run, Path(run_dir)))
     return code
@@ -78,8 +98,16 @@ def _recorded(run: Path, config_dir: Path, overrides: list[str]) -> dict | None:
     try:
         return rundir.load_experiment(run)
     except records.Unreadable as e:
-        raise ConfigError([Problem("(recorded run)", str(e.path), f"not readable as plain data: {e.why}",
-                                   f"the {rundir.EXPERIMENT} qwen3exp wrote (a YAML mapping of a few kB)")]) from None
+        raise ConfigError(
+            [
+                Problem(
+                    "(recorded run)",
+                    str(e.path),
+                    f"not readable as plain data: {e.why}",
+                    f"the {rundir.EXPERIMENT} qwen3exp wrote (a YAML mapping of a few kB)",
+                )
+            ]
+        ) from None
 
 
 def _check_target(run: Path, target: Path) -> None:
@@ -88,12 +116,18 @@ def _check_target(run: Path, target: Path) -> None:
     same = target.resolve() == run.resolve()
     holds = rundir.looks_like_run(target) or os.path.lexists(target / rundir.CHECKPOINT)
     if same or holds:
-        raise ConfigError([Problem(
-            "hydra.run.dir", str(target),
-            "is the recorded run itself" if same else "already holds a run or a checkpoint",
-            "a new or empty directory (relaunch starts a new run; the default is outputs/<name>/<stamp>-relaunch)",
-            hint="to continue a run, rerun its own command (command.txt) in its folder; a checkpoint that came with "
-                 "a recorded run is never loaded (DCP checkpoints are pickles)")])
+        raise ConfigError(
+            [
+                Problem(
+                    "hydra.run.dir",
+                    str(target),
+                    "is the recorded run itself" if same else "already holds a run or a checkpoint",
+                    "a new or empty directory (relaunch starts a new run; the default is outputs/<name>/<stamp>-relaunch)",
+                    hint="to continue a run, rerun its own command (command.txt) in its folder; a checkpoint that came with "
+                    "a recorded run is never loaded (DCP checkpoints are pickles)",
+                )
+            ]
+        )
 
 
 RECOMPOSE = ("hydra/launcher=qwen3exp", "hydra.job.name=qwen3exp")
@@ -104,12 +138,6 @@ command line adds it too) and job name."""
 def _compose(config_dir: Path, overrides: list[str]):
     """(the validated experiment, the new run's directory: the `hydra.run.dir` passed, else
     outputs/<the composed, validated name>/<stamp>-relaunch)."""
-    from omegaconf import OmegaConf
-
-    from qwen3exp.config.compose import Composer, experiment_data
-    from qwen3exp.config.names import stamp
-    from qwen3exp.config.schema import validate_experiment
-
     given = any(o.startswith("hydra.run.dir=") for o in overrides)
     with Composer(config_dir, "config") as c:
         cfg = c.compose([*overrides, *RECOMPOSE])
@@ -121,29 +149,22 @@ def _compose(config_dir: Path, overrides: list[str]):
     return exp, run_dir or f"outputs/{exp.name}/{stamp()}-relaunch"
 
 
-def _quote(value: str) -> str:
-    from qwen3exp.config.compose import quote_value
-
-    return quote_value(value)
-
-
 def _report_config(recorded: dict, new: dict, overrides: list[str]) -> None:
-    from qwen3exp.analysis.diff import show
-    from qwen3exp.run.identity import differences
-
     changes = differences(rundir.identity_view(recorded), rundir.identity_view(new))
     h = rundir.experiment_hash(new)[:12]  # `new` is the recorded form: this is its identity
     if not changes:
         print(f"qwen3exp relaunch: same resolved experiment as recorded (hash {h})")
         return
     asked = [o for o in overrides if not o.startswith("hydra.")]
-    print("qwen3exp relaunch: the resolved experiment differs from the recorded one"
-          + (f" (you passed {' '.join(asked)})" if asked else " (qwen3exp's schema or defaults changed since)")
-          + ":\n" + "\n".join(f"  {k}: {show(a)} -> {show(b)}" for k, a, b in changes))
+    print(
+        "qwen3exp relaunch: the resolved experiment differs from the recorded one"
+        + (f" (you passed {' '.join(asked)})" if asked else " (qwen3exp's schema or defaults changed since)")
+        + ":\n"
+        + "\n".join(f"  {k}: {show(a)} -> {show(b)}" for k, a, b in changes)
+    )
 
 
 def _report_code(run: Path) -> None:
-    from qwen3exp.run import provenance
     try:
         prov = records.load_json(run / rundir.PROVENANCE)
     except records.Unreadable as e:
@@ -160,8 +181,10 @@ def _report_code(run: Path) -> None:
         if pkg != "wandb" and vers_then.get(pkg) != vers_now.get(pkg):
             notes.append(f"{pkg} {vers_then.get(pkg)} then, {vers_now.get(pkg)} now")
     if notes:
-        print("qwen3exp relaunch: warning: the code differs from the recorded run:\n  "
-              + "\n  ".join(printable(n) for n in notes))
+        print(
+            "qwen3exp relaunch: warning: the code differs from the recorded run:\n  "
+            + "\n  ".join(printable(n) for n in notes)
+        )
         return
     if now.get("commit"):
         what = f"commit {str(now['commit'])[:12]}" + (", same local changes" if now.get("dirty") else "")
@@ -183,8 +206,10 @@ def _code_notes(run: Path, then: dict, now: dict, diff_now: str | None) -> list[
         except records.Unreadable:
             recorded = None
         if recorded is None or diff_now is None or recorded != diff_now:
-            notes.append(f"the recorded tree had local changes ({run / rundir.GIT_DIFF}), the current tree "
-                         + ("has other changes" if diff_now else "has none"))
+            notes.append(
+                f"the recorded tree had local changes ({run / rundir.GIT_DIFF}), the current tree "
+                + ("has other changes" if diff_now else "has none")
+            )
     elif now.get("dirty"):
         notes.append("the current tree has local changes, the recorded one had none")
     return notes
@@ -202,6 +227,7 @@ def compare_losses(a: Path, b: Path) -> str:
     if worst == 0:
         return f"qwen3exp relaunch: losses identical to {a} at all {len(common)} common steps"
     step = common[diffs.index(worst)]
-    return (f"qwen3exp relaunch: losses differ from {a}: max |diff| {worst:.3g} at step {step} "
-            f"({ra[step]:.6f} vs {rb[step]:.6f}) over {len(common)} common steps")
-
+    return (
+        f"qwen3exp relaunch: losses differ from {a}: max |diff| {worst:.3g} at step {step} "
+        f"({ra[step]:.6f} vs {rb[step]:.6f}) over {len(common)} common steps"
+    )

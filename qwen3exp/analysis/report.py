@@ -21,142 +21,26 @@ its header, a PNG without its metadata, a link, a FIFO) is never replaced: exit 
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import os
-import shlex
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from qwen3exp.analysis.cells import FORMATS, cell, esc
 from qwen3exp.analysis.compare import Comparison, compare, render_comparison, render_comparison_markdown
-from qwen3exp.analysis.diff import show
 from qwen3exp.analysis.plots import PNG_MARK, plot_losses, plot_throughput
-from qwen3exp.analysis.runs import Run, compared, load_run, varied_keys
+from qwen3exp.analysis.report_table import (
+    METRIC_COLUMNS,
+    Table,
+    best_line,
+    render_csv,
+    render_markdown,
+    render_terminal,
+    table,
+)
+from qwen3exp.analysis.runs import Run, load_run
 from qwen3exp.errors import EXIT_CONFIG_ERROR, printable
-from qwen3exp.run import objective, records, rundir
+from qwen3exp.run import records, rundir
 
 REPORT_MD, REPORT_CSV, LOSS_PNG, THROUGHPUT_PNG = "report.md", "report.csv", "loss.png", "throughput.png"
-METRIC_COLUMNS = ("status", "steps", "final loss", "val loss", "tokens/s", "peak mem GiB", "wall s")
-
-
-@dataclass
-class Table:
-    header: list[str]
-    rows: list[list[Any]]
-    """Raw values (numbers, strings, None)."""
-    runs: list[Run]
-    varied: list[str]
-    objective: tuple[str, str] | None = None
-    """(metric, direction) the rows are ranked by (best first); None: in the given order."""
-
-    @property
-    def best(self) -> Run | None:
-        """The best run by the objective (None: no run has a value)."""
-        if self.objective is None or not self.runs or self.runs[0].objective_value is None:
-            return None
-        return self.runs[0]
-
-
-def ranking(runs: list[Run]) -> tuple[str, str] | None:
-    """The objective the runs share (they rank by it only when every run that recorded one recorded
-    the same metric and direction)."""
-    found = {r.objective for r in runs if r.objective is not None}
-    return found.pop() if len(found) == 1 else None
-
-
-def table(runs: list[Run], *, root: Path | None = None, status: dict[Path, str] | None = None) -> Table:
-    """The report table; `status` replaces the recorded status of some runs (e.g. skipped). Ranked
-    by the runs' objective, best first, runs without a value last (stable: ties keep their order)."""
-    varied = varied_keys(runs) if len(runs) > 1 else []
-    status = status or {}
-    rank = ranking(runs) if len(runs) > 1 else None
-    if rank is not None:
-        key = objective.better(rank[1])
-        runs = sorted(runs, key=lambda r: key(r.objective_value))
-    rows = []
-    for r in runs:
-        flat = compared(r.experiment)
-        rows.append([_label(r.path, root), *(flat.get(k) for k in varied), status.get(r.path, r.status),
-                     r.steps, r.final_loss, r.val_loss, r.tokens_per_second, r.peak_memory_gib, r.wall_seconds])
-    return Table(["run", *varied, *METRIC_COLUMNS], rows, runs, varied, rank)
-
-
-def best_line(t: Table) -> str | None:
-    """`best: ... (val_loss 5.8123, minimized); rerun it: qwen3exp relaunch RUN` or None."""
-    best = t.best
-    if best is None or t.objective is None:
-        return None
-    flat = rundir.flatten(best.experiment)
-    point = " ".join(f"{k}={show(flat.get(k))}" for k in t.varied) or str(best.path)
-    metric, direction = t.objective
-    return (f"best by {metric} ({direction}d): {point}  {metric} {best.objective_value:.6g}\n"
-            f"  rerun it: qwen3exp relaunch {shlex.quote(str(best.path))}")
-
-
-def _label(path: Path, root: Path | None) -> str:
-    if root is not None:
-        try:
-            rel = Path(path).resolve().relative_to(Path(root).resolve())
-            if str(rel) != ".":
-                return str(rel)
-        except ValueError:
-            pass
-    return Path(path).name
-
-
-
-def _cells(t: Table) -> list[list[str]]:
-    return [[cell(c, v) for c, v in zip(t.header, row, strict=True)] for row in t.rows]
-
-
-def render_terminal(t: Table, *, max_rows: int | None = None, max_cell: int = 48) -> str:
-    """An aligned table for one screen. When keys vary, they name the rows and the (long) run folder
-    names give way to a row number (`#`); Markdown and CSV keep the folder names."""
-    def clip(s: str) -> str:  # values come from recorded files: no raw terminal escapes
-        s = printable(s, max_cell)
-        return s if len(s) <= max_cell else s[: max_cell - 1] + "…"
-
-    cells = [[clip(c) for c in row] for row in _cells(t)]
-    header = [clip(h) for h in t.header]
-    if t.varied:
-        header[0] = "#"
-        for i, row in enumerate(cells, 1):
-            row[0] = str(i)
-    more = 0
-    if max_rows is not None and len(cells) > max_rows:
-        more, cells = len(cells) - max_rows, cells[:max_rows]
-    widths = [max(len(x) for x in col) for col in zip(header, *cells, strict=True)]
-    numeric = {i for i, h in enumerate(t.header) if h in ("steps", *FORMATS)} | ({0} if t.varied else set())
-
-    def line(row):
-        return "  ".join(c.rjust(w) if i in numeric else c.ljust(w)
-                         for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip()
-
-    out = [line(header), line(["-" * w for w in widths]), *(line(r) for r in cells)]
-    if more:
-        out.append(f"... {more} more run(s): python -m qwen3exp.analysis.report <dir> --format markdown")
-    return "\n".join(out)
-
-
-
-def render_markdown(t: Table) -> str:
-    numeric = {h for h in t.header if h in ("steps", *FORMATS)}
-    out = ["| " + " | ".join(esc(h) for h in t.header) + " |",
-           "| " + " | ".join("---:" if h in numeric else "---" for h in t.header) + " |"]
-    out += ["| " + " | ".join(esc(c) for c in row) + " |" for row in _cells(t)]
-    return "\n".join(out)
-
-
-def render_csv(t: Table) -> str:
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(t.header)
-    for row in t.rows:
-        w.writerow(["" if v is None else v for v in row])
-    return buf.getvalue()
 
 
 # ----------------------------------------------------------------------------------- the files
@@ -170,8 +54,10 @@ class NotOurs(Exception):
 
     def __init__(self, names: list[str], out_dir: Path) -> None:
         self.names = names
-        super().__init__(f"{out_dir} holds {', '.join(names)}, not written by qwen3exp report (never replaced); "
-                         "write the report elsewhere with --out DIR, or print it only with --no-files")
+        super().__init__(
+            f"{out_dir} holds {', '.join(names)}, not written by qwen3exp report (never replaced); "
+            "write the report elsewhere with --out DIR, or print it only with --no-files"
+        )
 
 
 def _written_by_report(path: Path) -> bool:
@@ -200,8 +86,9 @@ def foreign_files(out_dir: Path) -> list[str]:
     return [name for name in FILES if not _written_by_report(Path(out_dir) / name)]
 
 
-def write_files(runs: list[Run], out_dir: Path, *, root: Path | None = None,
-                status: dict[Path, str] | None = None) -> list[Path]:
+def write_files(
+    runs: list[Run], out_dir: Path, *, root: Path | None = None, status: dict[Path, str] | None = None
+) -> list[Path]:
     """report.md (with the comparison when there are exactly two runs: B = runs[1] vs A = runs[0]),
     report.csv, loss.png and throughput.png in `out_dir`; returns their paths. Raises NotOurs (and
     writes nothing) when `out_dir` holds one of them that `report` did not write."""
@@ -231,8 +118,11 @@ def collect(paths: list[Path]) -> tuple[list[Path], list[str]]:
     problems = []
     for path in paths:
         if not path.exists():
-            problems.append(f"{path}: a link to {os.readlink(path)}, which does not exist" if path.is_symlink()
-                            else f"{path}: no such directory")
+            problems.append(
+                f"{path}: a link to {os.readlink(path)}, which does not exist"
+                if path.is_symlink()
+                else f"{path}: no such directory"
+            )
             continue
         if not path.is_dir():
             problems.append(f"{path}: not a directory (give a run directory, a sweep directory or a folder of runs)")
@@ -261,14 +151,28 @@ PROG = "python -m qwen3exp.analysis.report"
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    ap.add_argument("paths", type=Path, nargs="+", metavar="PATH",
-                    help="a run directory, a sweep directory or a folder of runs; several make one table "
-                         "of all their runs, and exactly two runs are compared (B, the second, vs A)")
-    ap.add_argument("--format", choices=("terminal", "markdown", "csv"), default="terminal",
-                    help="what is printed on stdout (default: terminal)")
-    ap.add_argument("--out", type=Path, default=None, metavar="DIR",
-                    help=f"where {REPORT_MD}, {REPORT_CSV}, {LOSS_PNG}, {THROUGHPUT_PNG} go (default: PATH when there "
-                         "is one; with several PATHs files are written only when --out is given)")
+    ap.add_argument(
+        "paths",
+        type=Path,
+        nargs="+",
+        metavar="PATH",
+        help="a run directory, a sweep directory or a folder of runs; several make one table "
+        "of all their runs, and exactly two runs are compared (B, the second, vs A)",
+    )
+    ap.add_argument(
+        "--format",
+        choices=("terminal", "markdown", "csv"),
+        default="terminal",
+        help="what is printed on stdout (default: terminal)",
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help=f"where {REPORT_MD}, {REPORT_CSV}, {LOSS_PNG}, {THROUGHPUT_PNG} go (default: PATH when there "
+        "is one; with several PATHs files are written only when --out is given)",
+    )
     ap.add_argument("--no-files", action="store_true", help="print only; write no files")
     return ap
 
@@ -305,16 +209,22 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG_ERROR
     for r in runs:
         if r.skipped:
-            print(f"{PROG}: {r.path / rundir.METRICS}: {len(r.skipped)} line(s) left out, not metrics rows: "
-                  + printable("; ".join(r.skipped[:3]) + ("; ..." if len(r.skipped) > 3 else "")), file=sys.stderr)
+            print(
+                f"{PROG}: {r.path / rundir.METRICS}: {len(r.skipped)} line(s) left out, not metrics rows: "
+                + printable("; ".join(r.skipped[:3]) + ("; ..." if len(r.skipped) > 3 else "")),
+                file=sys.stderr,
+            )
     root = label_root(args.paths)
     t = table(runs, root=root)
     sys.stdout.write(render(t, compare(*runs) if len(runs) == 2 else None, args.format))
     if args.no_files:
         return 0
     if out is None:
-        print(f"{PROG}: no files written: with several paths, --out DIR writes {REPORT_MD}, {REPORT_CSV}, "
-              f"{LOSS_PNG} and {THROUGHPUT_PNG} there", file=sys.stderr)
+        print(
+            f"{PROG}: no files written: with several paths, --out DIR writes {REPORT_MD}, {REPORT_CSV}, "
+            f"{LOSS_PNG} and {THROUGHPUT_PNG} there",
+            file=sys.stderr,
+        )
         return 0
     return _write(runs, out, root)
 
@@ -328,13 +238,17 @@ def _write(runs: list[Run], out: Path, root: Path) -> int:
         return EXIT_CONFIG_ERROR
     except OSError as e:  # a read-only folder, a full disk
         why = e.strerror or type(e).__name__
-        print(f"{PROG}: no report files written: {printable(str(e.filename or out))}: {why}; write them elsewhere "
-              "with --out DIR, or print only with --no-files", file=sys.stderr)
+        print(
+            f"{PROG}: no report files written: {printable(str(e.filename or out))}: {why}; write them elsewhere "
+            "with --out DIR, or print only with --no-files",
+            file=sys.stderr,
+        )
         return EXIT_CONFIG_ERROR
     losses = sum(1 for r in runs if any(m.get("loss") is not None for m in r.metrics))
     tps = sum(1 for r in runs if any(m.get("tokens_per_second") is not None for m in r.metrics))
-    print(f"wrote {', '.join(str(p) for p in written)} ({losses} loss curve(s), {tps} tokens/s curve(s))",
-          file=sys.stderr)
+    print(
+        f"wrote {', '.join(str(p) for p in written)} ({losses} loss curve(s), {tps} tokens/s curve(s))", file=sys.stderr
+    )
     return 0
 
 

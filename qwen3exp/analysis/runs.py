@@ -104,8 +104,15 @@ def load_run(path: Path, *, experiment: dict | None = None) -> Run:
         rows, skipped = rundir.scan_metrics(path)
     except records.Unreadable as e:
         problems.append(str(e))
-    return Run(path, experiment or {}, summary, [r for r in rows if "loss" in r], [r for r in rows if "val_loss" in r],
-               problems, skipped)
+    return Run(
+        path,
+        experiment or {},
+        summary,
+        [r for r in rows if "loss" in r],
+        [r for r in rows if "val_loss" in r],
+        problems,
+        skipped,
+    )
 
 
 def compared(experiment: dict) -> dict[str, object]:

@@ -67,7 +67,7 @@ def _docstrings() -> list[str]:
 
 
 def main() -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # lazy: only to rebuild it
 
     docs = _docstrings()
     CORPUS.parent.mkdir(parents=True, exist_ok=True)

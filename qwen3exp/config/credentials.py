@@ -6,7 +6,7 @@ Hydra's .hydra/config.yaml, plan.json), printed in the plan, and may name a swee
 password there cannot be redacted without breaking the run. So an experiment value that holds one
 is refused (exit 2, the value shown masked); credentials belong in the environment (~/.netrc,
 HF_TOKEN, WANDB_API_KEY; `hydra.job.env_set.NAME=...`, whose records are redacted by
-`qwen3exp.run.provenance.redact_text`, which uses the pattern defined here).
+`qwen3exp.run.redact.redact_text`, which uses the pattern defined here).
 """
 
 from __future__ import annotations
@@ -36,9 +36,15 @@ def url_credential_problems(data: Any, prefix: str = "") -> list[Problem]:
     if isinstance(data, list):
         return [p for i, v in enumerate(data) for p in url_credential_problems(v, f"{prefix}[{i}]")]
     if isinstance(data, str) and URL_USERINFO.search(data):
-        return [Problem(prefix, mask_urls(data), "holds credentials in a URL (user:password@ or token@); "
-                        "experiment values are written to the run directory and printed in the plan",
-                        "a URL without user:password@ or token@ (scheme://host/...)",
-                        "keep credentials in the environment (~/.netrc, HF_TOKEN, WANDB_API_KEY) or set a variable "
-                        "of the ranks with hydra.job.env_set.NAME=... (its records are redacted)")]
+        return [
+            Problem(
+                prefix,
+                mask_urls(data),
+                "holds credentials in a URL (user:password@ or token@); "
+                "experiment values are written to the run directory and printed in the plan",
+                "a URL without user:password@ or token@ (scheme://host/...)",
+                "keep credentials in the environment (~/.netrc, HF_TOKEN, WANDB_API_KEY) or set a variable "
+                "of the ranks with hydra.job.env_set.NAME=... (its records are redacted)",
+            )
+        ]
     return []

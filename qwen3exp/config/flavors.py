@@ -1,4 +1,5 @@
-"""Qwen3 architectures as plain numbers: torchtitan's flavors, our tiny ones, and HF config.json.
+"""Qwen3 architectures as plain numbers: torchtitan's flavors and our tiny ones (a Hugging Face
+config.json is read into one by `qwen3exp.config.hf_config`).
 
 Plain data so that composing, validating and planning never import torch or torchtitan. The
 numbers of torchtitan's flavors are copied from `torchtitan.models.qwen3.qwen3_configs` (0.3.0);
@@ -7,9 +8,7 @@ numbers of torchtitan's flavors are copied from `torchtitan.models.qwen3.qwen3_c
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,20 +76,40 @@ class Arch:
         return arch
 
 
-def _dense(n_layers, dim, n_heads, n_kv_heads, hidden_dim, *, tied, vocab=151936, head_dim=128,
-           max_seq_len=40960, theta=1e6) -> Arch:
-    return Arch(n_layers=n_layers, dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads,
-                head_dim=head_dim, hidden_dim=hidden_dim, vocab_size=vocab, tied=tied,
-                rope_theta=theta, max_seq_len=max_seq_len)
+def _dense(
+    n_layers, dim, n_heads, n_kv_heads, hidden_dim, *, tied, vocab=151936, head_dim=128, max_seq_len=40960, theta=1e6
+) -> Arch:
+    return Arch(
+        n_layers=n_layers,
+        dim=dim,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        hidden_dim=hidden_dim,
+        vocab_size=vocab,
+        tied=tied,
+        rope_theta=theta,
+        max_seq_len=max_seq_len,
+    )
 
 
-def _moe(n_layers, dim, n_heads, n_kv_heads, experts, top_k, moe_hidden, *, vocab=151936,
-         max_seq_len=40960, theta=1e6) -> Arch:
+def _moe(
+    n_layers, dim, n_heads, n_kv_heads, experts, top_k, moe_hidden, *, vocab=151936, max_seq_len=40960, theta=1e6
+) -> Arch:
     # torchtitan's MoE flavors make every layer MoE; the dense hidden size is then unused.
-    return Arch(n_layers=n_layers, dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=128,
-                hidden_dim=moe_hidden, vocab_size=vocab, tied=False, rope_theta=theta,
-                max_seq_len=max_seq_len,
-                moe=MoEArch(num_experts=experts, top_k=top_k, hidden_dim=moe_hidden))
+    return Arch(
+        n_layers=n_layers,
+        dim=dim,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=128,
+        hidden_dim=moe_hidden,
+        vocab_size=vocab,
+        tied=False,
+        rope_theta=theta,
+        max_seq_len=max_seq_len,
+        moe=MoEArch(num_experts=experts, top_k=top_k, hidden_dim=moe_hidden),
+    )
 
 
 # Flavors that torchtitan 0.3.0 defines (name -> architecture).
@@ -111,265 +130,51 @@ TORCHTITAN_FLAVORS: dict[str, Arch] = {
 # Flavors of our own, sized to train in seconds on a laptop CPU with the bundled tokenizer
 # (vocab 2048). 'tiny' has ~0.9M parameters.
 QWEN3EXP_FLAVORS: dict[str, Arch] = {
-    "tiny": Arch(n_layers=2, dim=128, n_heads=4, n_kv_heads=2, head_dim=32, hidden_dim=384,
-                 vocab_size=2048, tied=True, rope_theta=1e6, max_seq_len=4096),
-    "tiny_moe": Arch(n_layers=2, dim=128, n_heads=4, n_kv_heads=2, head_dim=32, hidden_dim=128,
-                     vocab_size=2048, tied=False, rope_theta=1e6, max_seq_len=4096,
-                     moe=MoEArch(num_experts=8, top_k=2, hidden_dim=128)),
+    "tiny": Arch(
+        n_layers=2,
+        dim=128,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=32,
+        hidden_dim=384,
+        vocab_size=2048,
+        tied=True,
+        rope_theta=1e6,
+        max_seq_len=4096,
+    ),
+    "tiny_moe": Arch(
+        n_layers=2,
+        dim=128,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=32,
+        hidden_dim=128,
+        vocab_size=2048,
+        tied=False,
+        rope_theta=1e6,
+        max_seq_len=4096,
+        moe=MoEArch(num_experts=8, top_k=2, hidden_dim=128),
+    ),
 }
 
 FLAVORS: dict[str, Arch] = {**TORCHTITAN_FLAVORS, **QWEN3EXP_FLAVORS}
-
-# Architectures the Hugging Face config.json reader accepts.
-HF_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
-
-
-class HFConfigError(ValueError):
-    """config.json is missing, unreadable, or not a Qwen3 architecture the chosen backend can build."""
-
-    def __init__(self, message: str, *, allowed: str | None = None, hint: str | None = None):
-        super().__init__(message)
-        self.allowed = allowed
-        """What would be accepted instead (None: a Qwen3 architecture)."""
-        self.hint = hint
-
-
-# RoPE types transformers 5 implements (`transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS`, plus
-# "default"); model=hf builds them, the native Qwen3 only "default" (plain RoPE, `CosSinRoPE`).
-# Copied so that planning imports no transformers; tests/test_preflight_files.py compares the two.
-HF_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
-
-
-def read_hf_config(folder: str | Path) -> dict:
-    path = Path(folder) / "config.json"
-    if not path.is_file():
-        raise HFConfigError(f"{path} does not exist")
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise HFConfigError(f"{path} is not valid JSON ({e})") from e
-    if not isinstance(cfg, dict):
-        raise HFConfigError(f"{path} holds a JSON {type(cfg).__name__}, not an object")
-    return cfg
-
-
-def rope_scalings(cfg: dict) -> list[tuple[str, str]]:
-    """(config.json key, rope type) for every RoPE entry that is not plain RoPE. Both keys count:
-    transformers 5 reads the legacy `rope_scaling` over `rope_parameters` when both are present."""
-    out = []
-    for key in ("rope_scaling", "rope_parameters"):
-        rope = cfg.get(key)
-        if rope is None:
-            continue
-        if not isinstance(rope, dict):
-            out.append((key, repr(rope)))
-            continue
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", None):
-            out.append((key, str(rope_type)))
-    return out
-
-
-def arch_from_hf_config(cfg: dict, *, backend: str = "native") -> Arch:
-    """The architecture of a published Qwen3 / Qwen3-MoE config.json, for `backend`.
-
-    backend="native": the native architecture that holds the checkpoint exactly; raises HFConfigError
-    for anything the native Qwen3 cannot represent (other architectures, RoPE scaling, attention
-    bias, sliding windows, mixed dense/MoE layouts, unnormalised top-k routing), so such a checkpoint
-    is refused instead of trained subtly wrong. backend="hf" (transformers builds the model): RoPE
-    scaling is accepted when transformers implements its type (`HF_ROPE_TYPES`)."""
-    archs = cfg.get("architectures") or []
-    if not any(a in HF_ARCHITECTURES for a in archs) and cfg.get("model_type") not in ("qwen3", "qwen3_moe"):
-        raise HFConfigError(
-            f"architecture {archs or cfg.get('model_type')!r} is not Qwen3; allowed: {', '.join(HF_ARCHITECTURES)}"
-        )
-    unsupported = []
-    ropes = rope_scalings(cfg)
-    if backend == "native" and ropes:
-        # The native model would train plain RoPE where Hugging Face uses the scaled one: silently a
-        # different model at long range. Refused, naming the key, with the backend that can do it.
-        said = "; ".join(f"{k} asks for RoPE scaling {t!r}" for k, t in ropes)
-        can = all(t in HF_ROPE_TYPES for _, t in ropes)
-        raise HFConfigError(
-            f"{said}, which the native Qwen3 cannot represent (it trains plain RoPE, so the model would "
-            "silently differ from the checkpoint)",
-            allowed="for model=native: no rope_scaling, or rope_type 'default'",
-            hint=("model=hf builds it (transformers implements " + ", ".join(repr(t) for _, t in ropes) + ")"
-                  if can else f"neither backend implements it; transformers implements {', '.join(HF_ROPE_TYPES)}"))
-    if backend == "hf":
-        bad = [(k, t) for k, t in ropes if t not in HF_ROPE_TYPES]
-        if bad:
-            raise HFConfigError("; ".join(f"{k} asks for RoPE scaling {t!r}" for k, t in bad)
-                                + ", which transformers does not implement",
-                                allowed=f"rope_type {', '.join(HF_ROPE_TYPES)}")
-    if cfg.get("attention_bias"):
-        unsupported.append("attention_bias=true")
-    if cfg.get("use_sliding_window"):
-        unsupported.append("use_sliding_window=true")
-    if cfg.get("hidden_act", "silu") != "silu":
-        unsupported.append(f"hidden_act={cfg.get('hidden_act')!r} (native Qwen3 uses silu)")
-    try:
-        dim = _positive(cfg, "hidden_size")
-        n_heads = _positive(cfg, "num_attention_heads")
-        rope = cfg.get("rope_parameters")
-        if not isinstance(rope, dict):
-            rope = {}
-        # Missing keys take transformers' Qwen3Config defaults, as AutoConfig would.
-        theta = _finite(cfg, "rope_theta", _finite(rope, "rope_theta", 10000.0))
-        moe = None
-        # transformers 5 writes num_local_experts; published 4.x configs say num_experts.
-        experts = cfg.get("num_experts") or cfg.get("num_local_experts")
-        if experts:
-            moe = MoEArch(num_experts=_positive(cfg, "num_experts" if cfg.get("num_experts") else "num_local_experts"),
-                          top_k=_positive(cfg, "num_experts_per_tok"),
-                          hidden_dim=_positive(cfg, "moe_intermediate_size"))
-            if int(cfg.get("decoder_sparse_step", 1)) != 1 or cfg.get("mlp_only_layers"):
-                unsupported.append("mixed dense/MoE layer layouts (decoder_sparse_step, mlp_only_layers)")
-            if not cfg.get("norm_topk_prob", True):
-                unsupported.append("norm_topk_prob=false (native Qwen3 MoE normalises the top-k weights)")
-        if unsupported:
-            raise HFConfigError("not representable by the native Qwen3: " + "; ".join(unsupported))
-        return Arch(
-            n_layers=_positive(cfg, "num_hidden_layers"),
-            dim=dim,
-            n_heads=n_heads,
-            n_kv_heads=_positive(cfg, "num_key_value_heads") if cfg.get("num_key_value_heads") is not None else n_heads,
-            head_dim=_positive(cfg, "head_dim") if cfg.get("head_dim") is not None else dim // n_heads,
-            hidden_dim=(_positive(cfg, "intermediate_size") if cfg.get("intermediate_size") is not None
-                        else (moe.hidden_dim if moe else 0)),
-            vocab_size=_positive(cfg, "vocab_size"),
-            tied=bool(cfg.get("tie_word_embeddings", False)),
-            rope_theta=theta,
-            max_seq_len=(_positive(cfg, "max_position_embeddings") if cfg.get("max_position_embeddings") is not None
-                         else 32768),
-            norm_eps=_finite(cfg, "rms_norm_eps", 1e-6),
-            moe=moe,
-        )
-    except HFConfigError:
-        raise
-    except KeyError as e:
-        raise HFConfigError(f"config.json lacks {e.args[0]!r}") from e
-    except (TypeError, ValueError) as e:  # a number written as text, a list where a number belongs
-        raise HFConfigError(f"config.json holds a value that is not a number ({e})") from e
-
-
-HF_LIMITS = {"num_hidden_layers": 1024, "num_experts": 4096, "num_local_experts": 4096, "num_experts_per_tok": 4096,
-             "num_attention_heads": 4096, "num_key_value_heads": 4096, "head_dim": 65536}
-"""Upper bounds of a Qwen3 config.json's counts, about 10x the largest published model's (94 layers,
-128 experts, 64 heads): a config.json with 10^12 layers must be refused in a second, not planned
-layer by layer (the checks list every tensor per layer and expert)."""
-HF_SIZE_LIMIT = 1 << 24
-"""Every other size (hidden_size, vocab_size, intermediate sizes): at most 16M."""
-
-
-def _positive(cfg: dict, key: str) -> int:
-    """cfg[key] as an int > 0 (a zero head count would divide by zero below, in torchtitan or in
-    transformers) and within `HF_LIMITS`."""
-    value = cfg[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise HFConfigError(f"config.json {key} is {_shown(value)}, not a positive integer")
-    limit = HF_LIMITS.get(key, HF_SIZE_LIMIT)
-    if value > limit:
-        raise HFConfigError(f"config.json {key} is {value}, beyond any Qwen3 (at most {limit})")
-    return value
-
-
-def _finite(cfg: dict, key: str, default: float, *, positive: bool = True) -> float:
-    """cfg[key] (or `default` when it is absent or null) as a finite float (> 0 where `positive`):
-    a NaN rope_theta or an infinite norm epsilon trains NaN losses in every rank."""
-    import math
-
-    value = cfg.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or \
-            (positive and value <= 0):
-        raise HFConfigError(f"config.json {key} is {_shown(value)}, not a finite number" + (" > 0" if positive else ""))
-    return float(value)
-
-
-def _shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:80] + "..."
-
-
-def hf_param_shapes(arch: Arch) -> dict[str, tuple[int, ...]]:
-    """The tensors of the Hugging Face checkpoint that holds `arch` (names as published Qwen3
-    safetensors spell them; MoE experts one by one). lm_head.weight is listed only when untied."""
-    d, hd = arch.dim, arch.head_dim
-    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (arch.vocab_size, d), "model.norm.weight": (d,)}
-    if not arch.tied:
-        out["lm_head.weight"] = (arch.vocab_size, d)
-    for i in range(arch.n_layers):
-        p = f"model.layers.{i}."
-        out.update({
-            p + "input_layernorm.weight": (d,),
-            p + "post_attention_layernorm.weight": (d,),
-            p + "self_attn.q_proj.weight": (arch.n_heads * hd, d),
-            p + "self_attn.k_proj.weight": (arch.n_kv_heads * hd, d),
-            p + "self_attn.v_proj.weight": (arch.n_kv_heads * hd, d),
-            p + "self_attn.o_proj.weight": (d, arch.n_heads * hd),
-            p + "self_attn.q_norm.weight": (hd,),
-            p + "self_attn.k_norm.weight": (hd,),
-        })
-        if arch.moe is None:
-            f = arch.hidden_dim
-            out.update({p + "mlp.gate_proj.weight": (f, d), p + "mlp.up_proj.weight": (f, d),
-                        p + "mlp.down_proj.weight": (d, f)})
-        else:
-            f = arch.moe.hidden_dim
-            out[p + "mlp.gate.weight"] = (arch.moe.num_experts, d)
-            for e in range(arch.moe.num_experts):
-                q = f"{p}mlp.experts.{e}."
-                out.update({q + "gate_proj.weight": (f, d), q + "up_proj.weight": (f, d),
-                            q + "down_proj.weight": (d, f)})
-    return out
-
-
-# Arch field -> the config.json key that holds it (for messages that name the user's keys).
-HF_KEYS = {
-    "n_layers": "num_hidden_layers", "dim": "hidden_size", "n_heads": "num_attention_heads",
-    "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim", "hidden_dim": "intermediate_size",
-    "vocab_size": "vocab_size", "tied": "tie_word_embeddings", "rope_theta": "rope_theta",
-    "norm_eps": "rms_norm_eps", "moe": "num_experts", "moe.num_experts": "num_experts",
-    "moe.top_k": "num_experts_per_tok", "moe.hidden_dim": "moe_intermediate_size",
-}
-
-
-def hf_config_from_arch(arch: Arch, base: dict | None = None) -> dict:
-    """A Qwen3 config.json describing `arch`: `base` (the source checkpoint's config.json, whose
-    other keys such as token ids are kept) with every architecture key set from `arch`."""
-    cfg = dict(base or {})
-    moe = arch.moe is not None
-    cfg.update(
-        architectures=["Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"],
-        model_type="qwen3_moe" if moe else "qwen3",
-        vocab_size=arch.vocab_size, hidden_size=arch.dim, num_hidden_layers=arch.n_layers,
-        num_attention_heads=arch.n_heads, num_key_value_heads=arch.n_kv_heads, head_dim=arch.head_dim,
-        intermediate_size=arch.hidden_dim, max_position_embeddings=arch.max_seq_len,
-        rms_norm_eps=arch.norm_eps, tie_word_embeddings=arch.tied, hidden_act="silu",
-        attention_bias=False, use_sliding_window=False,
-    )
-    if isinstance(cfg.get("rope_parameters"), dict):
-        cfg["rope_parameters"] = {**cfg["rope_parameters"], "rope_theta": arch.rope_theta}
-    else:
-        cfg["rope_theta"] = arch.rope_theta
-    if "layer_types" in cfg:  # transformers checks its length against num_hidden_layers
-        cfg["layer_types"] = ["full_attention"] * arch.n_layers
-    if arch.moe is not None:
-        cfg.pop("num_local_experts", None)
-        cfg.update(num_experts=arch.moe.num_experts, num_experts_per_tok=arch.moe.top_k,
-                   moe_intermediate_size=arch.moe.hidden_dim, norm_topk_prob=True,
-                   decoder_sparse_step=1, mlp_only_layers=[])
-    return cfg
 
 
 def arch_differences(a: Arch, b: Arch) -> list[tuple[str, object, object]]:
     """(field, a's value, b's value) for every architecture field that differs (max_seq_len excepted:
     it only sizes the RoPE cache)."""
     out = []
-    for name in ("n_layers", "dim", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "tied",
-                 "rope_theta", "norm_eps"):
+    for name in (
+        "n_layers",
+        "dim",
+        "n_heads",
+        "n_kv_heads",
+        "head_dim",
+        "vocab_size",
+        "tied",
+        "rope_theta",
+        "norm_eps",
+    ):
         if getattr(a, name) != getattr(b, name):
             out.append((name, getattr(a, name), getattr(b, name)))
     if (a.moe is None) != (b.moe is None):

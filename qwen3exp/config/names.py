@@ -12,10 +12,15 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import os
+import secrets
 from urllib.parse import quote
 
+from omegaconf import OmegaConf, open_dict, read_write
+
+from qwen3exp.config.registered import register_schema_defaults
 from qwen3exp.errors import Problem
 
 STAMP_RESOLVER = "qwen3exp.stamp"
@@ -24,9 +29,6 @@ _MAX_NAME = 200  # file names are limited to 255 bytes; leave room for suffixes
 
 
 def stamp() -> str:
-    import datetime as dt
-    import secrets
-
     now = dt.datetime.now()
     return f"{now:%Y-%m-%d_%H-%M-%S}.{now.microsecond // 1000:03d}-{secrets.token_hex(3)}"
 
@@ -42,20 +44,20 @@ def safe_dirname(override_dirname: str) -> str:
         return "base"
     if len(name) > _MAX_NAME:
         digest = hashlib.sha1(name.encode()).hexdigest()[:10]
-        name = f"{name[:_MAX_NAME - 11]}-{digest}"
+        name = f"{name[: _MAX_NAME - 11]}-{digest}"
     return name
 
 
 def register_resolvers() -> None:
-    """Every process that composes (the launcher, a SLURM job) registers them. `stamp` is cached:
-    Hydra copies a composed config's resolver cache into each job's config, so every job of a sweep
-    (and every reference in one config) sees the same stamp."""
-    from omegaconf import OmegaConf
-
+    """Every process that composes (the launcher, a SLURM job) registers them, and with them the
+    schema's defaults that conf/ pulls in (`registered`). `stamp` is cached: Hydra copies a composed
+    config's resolver cache into each job's config, so every job of a sweep (and every reference in
+    one config) sees the same stamp."""
     if not OmegaConf.has_resolver(DIRNAME_RESOLVER):
         OmegaConf.register_new_resolver(DIRNAME_RESOLVER, safe_dirname)
     if not OmegaConf.has_resolver(STAMP_RESOLVER):
         OmegaConf.register_new_resolver(STAMP_RESOLVER, stamp, use_cache=True)
+    register_schema_defaults()
 
 
 _INSIDE = "a relative path inside the run directory (not absolute, no '..' out of it)"
@@ -77,21 +79,34 @@ def placement_problems(cfg, *, multirun: bool) -> list[Problem]:
             return [_outside("hydra.sweep.subdir", subdir, "each job's folder", job, root)]
     name = _resolved(cfg, "hydra.job.name")
     if name is not None and (name in ("", ".", "..") or any(c in name for c in "/\\\0")):
-        problems.append(Problem("hydra.job.name", name, "names files Hydra writes (<job name>.log); a path there "
-                                "places them outside the run directory", "a plain name without / (e.g. qwen3exp)"))
+        problems.append(
+            Problem(
+                "hydra.job.name",
+                name,
+                "names files Hydra writes (<job name>.log); a path there places them outside the run directory",
+                "a plain name without / (e.g. qwen3exp)",
+            )
+        )
     if (subdir := _resolved(cfg, "hydra.output_subdir")) is not None:
         record = os.path.abspath(os.path.join(job, subdir))
         if not _inside(record, root):
-            problems.append(_outside("hydra.output_subdir", subdir, "Hydra's record (.hydra/config.yaml, ...)",
-                                     record, root))
+            problems.append(
+                _outside("hydra.output_subdir", subdir, "Hydra's record (.hydra/config.yaml, ...)", record, root)
+            )
     if _resolved(cfg, "hydra.job.chdir") == "True":
         # The plan reads every relative path (data.path, model folders) from the directory the
         # command runs in; a job that changed into its run directory would read others in the ranks.
-        problems.append(Problem("hydra.job.chdir", True, "would run each job inside its run directory, where the "
-                                "relative paths the plan checked (data.path, model.hf_assets_path, ...) name "
-                                "other files", "false (qwen3exp's jobs run in the directory you launch from)",
-                                "drop hydra.job.chdir=true (a path inside the run directory: "
-                                "${hydra:runtime.output_dir}/...)"))
+        problems.append(
+            Problem(
+                "hydra.job.chdir",
+                True,
+                "would run each job inside its run directory, where the "
+                "relative paths the plan checked (data.path, model.hf_assets_path, ...) name "
+                "other files",
+                "false (qwen3exp's jobs run in the directory you launch from)",
+                "drop hydra.job.chdir=true (a path inside the run directory: ${hydra:runtime.output_dir}/...)",
+            )
+        )
     # A bad job name also misplaces the log file named after it: report the cause once.
     bad_name = any(p.key == "hydra.job.name" for p in problems)
     return problems + [p for p in _log_file_problems(cfg, job, root) if not (bad_name and str(name) in str(p.value))]
@@ -101,8 +116,6 @@ def _log_file_problems(cfg, job: str, root: str) -> list[Problem]:
     """Log handlers' `filename`, resolved with ${hydra.runtime.output_dir} = the job's folder (set
     for the check and put back; relative names resolve against the working directory, or the job's
     folder with hydra.job.chdir=true, as logging opens them)."""
-    from omegaconf import OmegaConf, open_dict, read_write
-
     chdir = _resolved(cfg, "hydra.job.chdir") == "True"
     runtime = cfg.hydra.runtime
     recorded = OmegaConf.to_container(runtime, resolve=False)
@@ -112,8 +125,9 @@ def _log_file_problems(cfg, job: str, root: str) -> list[Problem]:
         runtime.output_dir = job
         try:
             for logging_key in _LOGGING:
-                handlers = OmegaConf.select(cfg, f"{logging_key}.handlers", default=None,
-                                            throw_on_resolution_failure=False)
+                handlers = OmegaConf.select(
+                    cfg, f"{logging_key}.handlers", default=None, throw_on_resolution_failure=False
+                )
                 for handler in list(handlers.keys()) if OmegaConf.is_dict(handlers) else []:
                     key = f"{logging_key}.handlers.{handler}.filename"
                     if (filename := _resolved(cfg, key)) is None:
@@ -127,8 +141,6 @@ def _log_file_problems(cfg, job: str, root: str) -> list[Problem]:
 
 
 def _resolved(cfg, key: str) -> str | None:
-    from omegaconf import OmegaConf
-
     try:
         value = OmegaConf.select(cfg, key, default=None)
     except Exception:  # an interpolation that does not resolve: reported by the checks of values
@@ -141,5 +153,10 @@ def _inside(path: str, root: str) -> bool:
 
 
 def _outside(key: str, value: str, what: str, path: str, root: str) -> Problem:
-    return Problem(key, value, f"places {what} at {path}, outside the run directory {root}", _INSIDE,
-                   f"drop {key}=... or give a path under the run directory")
+    return Problem(
+        key,
+        value,
+        f"places {what} at {path}, outside the run directory {root}",
+        _INSIDE,
+        f"drop {key}=... or give a path under the run directory",
+    )

@@ -14,6 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from qwen3exp.config.argv import parse_overrides
+from qwen3exp.config.sources import SearchPath
+
 SCHEMA_DEFAULT = "schema default"
 ROOT_CONFIG = "root config"
 GROUP_FILE = "group file"
@@ -52,7 +57,7 @@ class Provenance:
                         del sources[k]
                     continue
                 value = ov.value()
-                for k in (_leaves(value, key) if isinstance(value, dict) else [key]):
+                for k in _leaves(value, key) if isinstance(value, dict) else [key]:
                     sources[k] = Source(COMMAND_LINE, ov.input_line)
         return cls(sources)
 
@@ -81,13 +86,8 @@ def file_sources(composer, group_key: tuple[str, ...]) -> dict[str, Source]:
     """Each key set by a file of the defaults list, attributed to the last file that sets it.
     `composer`: `defaults_list(group_key)` (Hydra's, with the search path), `loader` (Hydra's
     ConfigLoader), `config_name` and `searchpath` (the `hydra.searchpath` overrides), e.g.
-    `qwen3exp.launchers.batch.HydraFiles`. Files are looked up in the search path as Hydra looks
+    `qwen3exp.launchers.points.HydraFiles`. Files are looked up in the search path as Hydra looks
     them up (`qwen3exp.config.sources.SearchPath`): a user's `-cd` folder included."""
-    from omegaconf import OmegaConf
-
-    from qwen3exp.config.compose import parse_overrides
-    from qwen3exp.config.sources import SearchPath
-
     search = SearchPath(composer.loader, composer.config_name, parse_overrides(list(composer.searchpath)))
     sources: dict[str, Source] = {}
     chosen_on_cli = {g.split("=", 1)[0].lstrip("+~").split("@")[0] for g in group_key}

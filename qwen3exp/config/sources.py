@@ -16,9 +16,15 @@ open them, and checked before Hydra parses any of them.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import yaml
+from hydra.core.plugins import Plugins
+from hydra.plugins.config_source import ConfigSource
+from omegaconf import OmegaConf
 
 from qwen3exp.errors import Problem
 
@@ -59,8 +65,6 @@ class SearchPath:
         primary = self.load(self.config_name) if self.config_name else None
         if primary is None:
             return []
-        from omegaconf import OmegaConf
-
         listed = OmegaConf.select(primary.config, SEARCHPATH_KEY, default=None, throw_on_resolution_failure=False)
         return [str(v) for v in listed] if OmegaConf.is_list(listed) else []
 
@@ -95,9 +99,6 @@ class SearchPath:
 def _user_sources(entries: list[str]) -> list:
     """Hydra's ConfigSource of each search path entry, found through Hydra's public plugin discovery
     (file://, pkg://); an entry of another scheme is left to Hydra (it reports it)."""
-    from hydra.core.plugins import Plugins
-    from hydra.plugins.config_source import ConfigSource
-
     kinds: dict[str, Any] = {c.scheme(): c for c in Plugins.instance().discover(ConfigSource)}  # type: ignore[attr-defined]
     out = []
     for entry in entries:
@@ -120,10 +121,15 @@ def file_problems(folders: list[Path], checked: set[Path]) -> list[Problem]:
         checked.add(folder)
         files, too_many = _yaml_files(folder)
         if too_many:
-            problems.append(Problem("(config folder)", str(folder), f"holds more than {MAX_ENTRIES:,} entries "
-                                    f"(or folders deeper than {MAX_DEPTH} levels)",
-                                    "a folder of config groups (model/, data/, experiment/, ...)",
-                                    "point --config-dir (or hydra.searchpath) at the folder of your config groups"))
+            problems.append(
+                Problem(
+                    "(config folder)",
+                    str(folder),
+                    f"holds more than {MAX_ENTRIES:,} entries (or folders deeper than {MAX_DEPTH} levels)",
+                    "a folder of config groups (model/, data/, experiment/, ...)",
+                    "point --config-dir (or hydra.searchpath) at the folder of your config groups",
+                )
+            )
         # A run's recorded .hydra/ (relaunch's config folder) holds Hydra's own records, which
         # Hydra does not parse (hydra.yaml may hold a redacted *** that is not YAML): sizes only.
         syntax = folder.name != ".hydra"
@@ -146,47 +152,59 @@ def _yaml_files(folder: Path) -> tuple[list[Path], bool]:
 
 
 def _file_problem(path: Path, *, syntax: bool = True) -> Problem | None:
-    import stat
-
-    allowed = f"a YAML file of at most {MAX_FILE_BYTES // (1 << 20)} MiB whose values (each use of an alias " \
-              f"counted) number at most {MAX_VALUES:,}"
+    allowed = (
+        f"a YAML file of at most {MAX_FILE_BYTES // (1 << 20)} MiB whose values (each use of an alias "
+        f"counted) number at most {MAX_VALUES:,}"
+    )
     try:
         st = path.stat()
     except OSError as e:
         return Problem("(config file)", str(path), f"cannot be read: {e.strerror or e}", allowed)
     if not stat.S_ISREG(st.st_mode):
-        return Problem("(config file)", str(path), "is not a regular file (a FIFO, a device?): Hydra would read "
-                       "it without end", allowed, "replace it with a YAML file", source=str(path))
+        return Problem(
+            "(config file)",
+            str(path),
+            "is not a regular file (a FIFO, a device?): Hydra would read it without end",
+            allowed,
+            "replace it with a YAML file",
+            source=str(path),
+        )
     if st.st_size > MAX_FILE_BYTES:
-        return Problem("(config file)", str(path), f"is {st.st_size / (1 << 20):,.1f} MiB; Hydra would parse it "
-                       "for minutes", allowed, "keep data out of config folders; a config names data by path",
-                       source=str(path))
+        return Problem(
+            "(config file)",
+            str(path),
+            f"is {st.st_size / (1 << 20):,.1f} MiB; Hydra would parse it for minutes",
+            allowed,
+            "keep data out of config folders; a config names data by path",
+            source=str(path),
+        )
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
         return Problem("(config file)", str(path), f"is not UTF-8 text (byte {e.start})", allowed, source=str(path))
     except OSError as e:
         return Problem("(config file)", str(path), f"cannot be read: {e.strerror or e}", allowed)
-    import yaml
-
     try:
         values = _expanded_values(text)
     except yaml.YAMLError as e:  # Hydra would stop with the parser's traceback
         return yaml_problem(e, str(path)) if syntax else None
     if values > MAX_VALUES:
         what = "more than" if values == MAX_VALUES + 1 else f"{values:,},"
-        return Problem("(config file)", str(path), f"expands to {what} {MAX_VALUES:,} values through its YAML "
-                       "aliases (*name repeats the &name block): OmegaConf would copy each use without end",
-                       allowed, "write the values out, or use ${key} interpolations instead of YAML aliases",
-                       source=str(path))
+        return Problem(
+            "(config file)",
+            str(path),
+            f"expands to {what} {MAX_VALUES:,} values through its YAML "
+            "aliases (*name repeats the &name block): OmegaConf would copy each use without end",
+            allowed,
+            "write the values out, or use ${key} interpolations instead of YAML aliases",
+            source=str(path),
+        )
     return None
 
 
 def _expanded_values(text: str) -> int:
     """How many values the YAML text gives once every alias is expanded (MAX_VALUES + 1 for more,
     or for an alias of a node that holds itself); raises yaml.YAMLError when it is not YAML."""
-    import yaml
-
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     root = yaml.compose(text, Loader=loader)
     if root is None:
@@ -214,8 +232,6 @@ def _expanded_values(text: str) -> int:
 
 def _deep(root, limit: int = 200) -> bool:
     """Whether the YAML nests deeper than `limit` levels (counting it would exhaust the stack)."""
-    import yaml
-
     level, frontier, seen = 0, [root], set()
     while frontier and level <= limit:
         nxt = []
@@ -234,8 +250,6 @@ def _deep(root, limit: int = 200) -> bool:
 # ------------------------------------------------------------------------------ experiment files
 def default_experiment(search: SearchPath) -> str | None:
     """The experiment option the primary config's defaults list chooses (`- experiment: NAME`)."""
-    from omegaconf import OmegaConf
-
     primary = search.load(search.config_name) if search.config_name else None
     defaults = OmegaConf.select(primary.config, "defaults", default=None) if primary is not None else None
     for entry in defaults if defaults is not None and OmegaConf.is_list(defaults) else []:
@@ -264,10 +278,15 @@ def headless_problem(choice: str, where: str, package: str | None, nested: list[
     """An experiment file without `# @package _global_` as its first line."""
     first = f"starts with '# @package {package}'" if package else "does not start with the line '# @package _global_'"
     keys = f" ({', '.join(f'experiment.{k}' for k in nested[:4])})" if nested else ""
-    return Problem("experiment", choice, f"{where} {first}, so Hydra would put its keys under experiment.{keys} "
-                   "instead of the top level (and its `override /group:` lines fail)",
-                   "experiment files whose first line is # @package _global_",
-                   "add '# @package _global_' as the file's first line", source=where)
+    return Problem(
+        "experiment",
+        choice,
+        f"{where} {first}, so Hydra would put its keys under experiment.{keys} "
+        "instead of the top level (and its `override /group:` lines fail)",
+        "experiment files whose first line is # @package _global_",
+        "add '# @package _global_' as the file's first line",
+        source=where,
+    )
 
 
 def yaml_problem(e: Exception, where: str | None = None) -> Problem:
@@ -280,6 +299,10 @@ def yaml_problem(e: Exception, where: str | None = None) -> Problem:
     context, cm = getattr(e, "context", None), getattr(e, "context_mark", None)
     if context and cm is not None and mark is not None and cm.line != mark.line:
         what += f" ({context} at line {cm.line + 1}, column {cm.column + 1})"
-    return Problem("(config file)", where, f"YAML syntax error{line}: {what}",
-                   "valid YAML (key: value, indented with spaces; [ ] and { } closed)",
-                   source=f"{where}{line}")
+    return Problem(
+        "(config file)",
+        where,
+        f"YAML syntax error{line}: {what}",
+        "valid YAML (key: value, indented with spaces; [ ] and { } closed)",
+        source=f"{where}{line}",
+    )

@@ -14,6 +14,8 @@ import decimal
 import math
 from itertools import islice
 
+from hydra.core.override_parser.types import IntervalSweep, RangeSweep, Transformer
+
 from qwen3exp.errors import Problem
 
 MAX_SWEEP_POINTS = 10_000
@@ -24,8 +26,6 @@ _LISTED = 16
 
 
 def _range(ov):
-    from hydra.core.override_parser.types import RangeSweep
-
     value = ov.value()
     return value if isinstance(value, RangeSweep) else None
 
@@ -33,8 +33,6 @@ def _range(ov):
 def sweep_size(ov) -> int | None:
     """How many values a sweep override gives; None for the forms only an adaptive sweeper reads
     (interval(), a tag() of one) or a range Hydra cannot expand (step 0: Hydra says so)."""
-    from hydra.core.override_parser.types import IntervalSweep
-
     r = _range(ov)
     if r is not None:
         try:
@@ -92,8 +90,6 @@ def _last(r, n: int):
 
 
 def _as_str(x) -> str:
-    from hydra.core.override_parser.types import Transformer
-
     return Transformer.str(x)
 
 
@@ -106,12 +102,18 @@ def size_problems(sweeps: list, *, file_sweeps: tuple = ()) -> list[Problem]:
         return []
     counts = " x ".join(f"{o.key_or_group} ({n:,})" for o, n in sizes)
     where = "hydra.sweeper.params" if sizes and all(o in file_sweeps for o, _ in sizes) else "command line"
-    return [Problem(" ".join(o.key_or_group for o, _ in sizes), " ".join(o.input_line for o, _ in sizes),
-                    f"is a sweep of {total:,} jobs ({counts}); Hydra's basic sweeper lists every job and qwen3exp "
-                    "checks each before the first starts",
-                    f"at most {MAX_SWEEP_POINTS:,} jobs per launch",
-                    "sweep fewer values (a few points of a range: range(0,100,25)), split the sweep into "
-                    "launches, or search the space with an adaptive sweeper (hydra/sweeper=optuna)", source=where)]
+    return [
+        Problem(
+            " ".join(o.key_or_group for o, _ in sizes),
+            " ".join(o.input_line for o, _ in sizes),
+            f"is a sweep of {total:,} jobs ({counts}); Hydra's basic sweeper lists every job and qwen3exp "
+            "checks each before the first starts",
+            f"at most {MAX_SWEEP_POINTS:,} jobs per launch",
+            "sweep fewer values (a few points of a range: range(0,100,25)), split the sweep into "
+            "launches, or search the space with an adaptive sweeper (hydra/sweeper=optuna)",
+            source=where,
+        )
+    ]
 
 
 def single_problems(sweeps: list) -> list[Problem]:
@@ -122,8 +124,14 @@ def single_problems(sweeps: list) -> list[Problem]:
         r = _range(o)
         n = sweep_size(o) if r is not None else None
         if n is not None and n > MAX_SWEEP_POINTS and r.shuffle:
-            problems.append(Problem(o.key_or_group, o.input_line.split("=", 1)[1],
-                                    f"shuffles a range of {n:,} values (Hydra lists them all first)",
-                                    f"at most {MAX_SWEEP_POINTS:,} values", "drop shuffle() or sweep fewer values",
-                                    source="command line"))
+            problems.append(
+                Problem(
+                    o.key_or_group,
+                    o.input_line.split("=", 1)[1],
+                    f"shuffles a range of {n:,} values (Hydra lists them all first)",
+                    f"at most {MAX_SWEEP_POINTS:,} values",
+                    "drop shuffle() or sweep fewer values",
+                    source="command line",
+                )
+            )
     return problems

@@ -56,8 +56,9 @@ def max_blocks(num_items: int, num_experts: int, block_size: int) -> int:
     return max(1, (num_items + num_experts * (block_size - 1)) // block_size)
 
 
-def route(token_ids: Tensor, expert_ids: Tensor, scores: Tensor, *, num_tokens: int, num_experts: int,
-          block_size: int) -> Routing:
+def route(
+    token_ids: Tensor, expert_ids: Tensor, scores: Tensor, *, num_tokens: int, num_experts: int, block_size: int
+) -> Routing:
     """Blocks for M (token, expert, score) pairs: pairs grouped per expert (stable: a token keeps its
     order within an expert), each expert's pairs packed into ceil(count / B) blocks, padded."""
     device = expert_ids.device
@@ -89,11 +90,18 @@ def route_grouped(num_tokens_per_expert: Tensor, *, num_rows: int, block_size: i
     to its expert with affinity 1 (torchtitan's dispatcher applies the router scores in combine)."""
     E = num_tokens_per_expert.numel()
     device = num_tokens_per_expert.device
-    experts = torch.repeat_interleave(torch.arange(E, device=device), num_tokens_per_expert.long(),
-                                      output_size=num_rows)
+    experts = torch.repeat_interleave(
+        torch.arange(E, device=device), num_tokens_per_expert.long(), output_size=num_rows
+    )
     rows = torch.arange(num_rows, device=device)
-    return route(rows, experts, torch.ones(num_rows, dtype=dtype, device=device), num_tokens=num_rows,
-                 num_experts=E, block_size=block_size)
+    return route(
+        rows,
+        experts,
+        torch.ones(num_rows, dtype=dtype, device=device),
+        num_tokens=num_rows,
+        num_experts=E,
+        block_size=block_size,
+    )
 
 
 # --------------------------------------------------------------------------- PyTorch implementation
@@ -104,7 +112,8 @@ def _aligned(t: Tensor) -> bool:
 def _grouped_mm(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
     """a [M, K] rows grouped by `offs`, b [G, K, N] -> [M, N]; or a [K, M], b [M, N] -> [G, K, N]."""
     fast = a.dtype in (torch.float32, torch.bfloat16, torch.float16) and (
-        a.device.type == "cpu" or a.dtype == torch.bfloat16)
+        a.device.type == "cpu" or a.dtype == torch.bfloat16
+    )
     if fast and _aligned(a) and _aligned(b):  # torch._grouped_mm wants 16-byte aligned strides
         return torch._grouped_mm(a, b, offs=offs)
     # float64 (gradcheck) and devices without a grouped GEMM for this dtype: one matmul per group.
@@ -116,12 +125,12 @@ def _grouped_mm(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class _Slots:
-    slots: Tensor      # [M] indices of non-padding slots, sorted by expert
+    slots: Tensor  # [M] indices of non-padding slots, sorted by expert
     pad_slots: Tensor  # indices of padding slots
-    tokens: Tensor     # [M] token row of each
-    experts: Tensor    # [M] expert of each
-    offs: Tensor       # [E] int32 cumulative counts per expert
-    in_order: bool     # tokens == 0..M-1 (rows already grouped by expert): no gather / scatter needed
+    tokens: Tensor  # [M] token row of each
+    experts: Tensor  # [M] expert of each
+    offs: Tensor  # [E] int32 cumulative counts per expert
+    in_order: bool  # tokens == 0..M-1 (rows already grouped by expert): no gather / scatter needed
 
 
 def _slots(positions: Tensor, block_to_expert: Tensor, num_rows: int, num_experts: int, block_size: int) -> _Slots:
@@ -166,8 +175,15 @@ def _checkpoint_layout(n_blocks: int, block_size: int, width: int, like: Tensor,
     return like.new_empty(n_blocks, block_size, 2, width).permute(0, 2, 3, 1)
 
 
-def moe_forward_pytorch(hidden: Tensor, affinities: Tensor, gate_up: Tensor, down: Tensor, positions: Tensor,
-                        block_to_expert: Tensor, block_size: int) -> tuple[Tensor, Tensor, Tensor]:
+def moe_forward_pytorch(
+    hidden: Tensor,
+    affinities: Tensor,
+    gate_up: Tensor,
+    down: Tensor,
+    positions: Tensor,
+    block_to_expert: Tensor,
+    block_size: int,
+) -> tuple[Tensor, Tensor, Tensor]:
     T1, H = hidden.shape
     E, _, _, I = gate_up.shape
     N, B = block_to_expert.shape[0], block_size
@@ -186,9 +202,19 @@ def moe_forward_pytorch(hidden: Tensor, affinities: Tensor, gate_up: Tensor, dow
     return out, gu_ckpt.view(N, B, 2, I).permute(0, 2, 3, 1), d_ckpt.view(N, B, H)
 
 
-def moe_backward_pytorch(grad_out: Tensor, hidden: Tensor, affinities: Tensor, gate_up: Tensor, down: Tensor,
-                         gate_up_t: Tensor, down_act: Tensor, positions: Tensor, block_to_expert: Tensor,
-                         block_size: int, affinity_grad: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def moe_backward_pytorch(
+    grad_out: Tensor,
+    hidden: Tensor,
+    affinities: Tensor,
+    gate_up: Tensor,
+    down: Tensor,
+    gate_up_t: Tensor,
+    down_act: Tensor,
+    positions: Tensor,
+    block_to_expert: Tensor,
+    block_size: int,
+    affinity_grad: bool = True,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     T1, H = hidden.shape
     E, _, _, I = gate_up.shape
     s = _slots(positions, block_to_expert, T1, E, block_size)
@@ -200,8 +226,9 @@ def moe_backward_pytorch(grad_out: Tensor, hidden: Tensor, affinities: Tensor, g
     d_aff = torch.zeros(T1 * E, dtype=affinities.dtype, device=affinities.device)
     if affinity_grad:
         d = down_act.reshape(-1, H)[s.slots]
-        d_aff.index_put_((s.tokens * E + s.experts,), (g.float() * d.float()).sum(-1).to(affinities.dtype),
-                         accumulate=True)
+        d_aff.index_put_(
+            (s.tokens * E + s.experts,), (g.float() * d.float()).sum(-1).to(affinities.dtype), accumulate=True
+        )
     # Same operations as autograd through torchtitan's GroupedExperts (silu_backward, per-expert
     # grouped GEMMs, casts), so that the bfloat16 results agree bit for bit.
     gd = torch.mul(g, a[:, None].to(g.dtype), out=g.new_empty(M, H, dtype=down.dtype))
@@ -225,8 +252,15 @@ def moe_backward_pytorch(grad_out: Tensor, hidden: Tensor, affinities: Tensor, g
 
 
 # ----------------------------------------------------------------------------------- operators
-def _check(hidden: Tensor, affinities: Tensor, gate_up: Tensor, down: Tensor, positions: Tensor,
-           block_to_expert: Tensor, block_size: int) -> None:
+def _check(
+    hidden: Tensor,
+    affinities: Tensor,
+    gate_up: Tensor,
+    down: Tensor,
+    positions: Tensor,
+    block_to_expert: Tensor,
+    block_size: int,
+) -> None:
     T1, H = hidden.shape
     if gate_up.dim() != 4 or gate_up.shape[1] != H or gate_up.shape[2] != 2:
         raise ValueError(f"gate_up must be [E, H={H}, 2, I], got {list(gate_up.shape)}")
@@ -235,19 +269,40 @@ def _check(hidden: Tensor, affinities: Tensor, gate_up: Tensor, down: Tensor, po
         raise ValueError(f"down must be [E, I, H] = [{E}, {I}, {H}], got {list(down.shape)}")
     if tuple(affinities.shape) != (T1 * E, 1):
         raise ValueError(f"affinities must be [(T+1)*E, 1] = [{T1 * E}, 1], got {list(affinities.shape)}")
-    if block_size < 1 or positions.dim() != 1 or block_to_expert.dim() != 1 or \
-            positions.shape[0] != block_to_expert.shape[0] * block_size:
-        raise ValueError(f"token_position_to_id [N*B] and block_to_expert [N] disagree with block_size {block_size}: "
-                         f"{list(positions.shape)} vs {list(block_to_expert.shape)}")
+    if (
+        block_size < 1
+        or positions.dim() != 1
+        or block_to_expert.dim() != 1
+        or positions.shape[0] != block_to_expert.shape[0] * block_size
+    ):
+        raise ValueError(
+            f"token_position_to_id [N*B] and block_to_expert [N] disagree with block_size {block_size}: "
+            f"{list(positions.shape)} vs {list(block_to_expert.shape)}"
+        )
 
 
 @torch.library.custom_op("qwen3exp::moe_blockwise", mutates_args=())
-def moe_blockwise(hidden: Tensor, affinities: Tensor, gate_up: Tensor, down: Tensor, token_position_to_id: Tensor,
-                  block_to_expert: Tensor, block_size: int) -> tuple[Tensor, Tensor, Tensor]:
+def moe_blockwise(
+    hidden: Tensor,
+    affinities: Tensor,
+    gate_up: Tensor,
+    down: Tensor,
+    token_position_to_id: Tensor,
+    block_to_expert: Tensor,
+    block_size: int,
+) -> tuple[Tensor, Tensor, Tensor]:
     _check(hidden, affinities, gate_up, down, token_position_to_id, block_to_expert, block_size)
     if neuron.on_neuron(hidden):
-        return neuron.moe_cte(hidden, affinities, gate_up, down, token_position_to_id, block_to_expert,
-                              block_size=block_size, lnc=neuron.lnc_from_env())
+        return neuron.moe_cte(
+            hidden,
+            affinities,
+            gate_up,
+            down,
+            token_position_to_id,
+            block_to_expert,
+            block_size=block_size,
+            lnc=neuron.lnc_from_env(),
+        )
     return moe_forward_pytorch(hidden, affinities, gate_up, down, token_position_to_id, block_to_expert, block_size)
 
 
@@ -256,27 +311,70 @@ def _(hidden, affinities, gate_up, down, token_position_to_id, block_to_expert, 
     _check(hidden, affinities, gate_up, down, token_position_to_id, block_to_expert, block_size)
     E, H, _, I = gate_up.shape
     N = block_to_expert.shape[0]
-    return (hidden.new_empty(hidden.shape),
-            _checkpoint_layout(N, block_size, I, gate_up, on_neuron=neuron.on_neuron(hidden)),
-            gate_up.new_empty(N, block_size, H))
+    return (
+        hidden.new_empty(hidden.shape),
+        _checkpoint_layout(N, block_size, I, gate_up, on_neuron=neuron.on_neuron(hidden)),
+        gate_up.new_empty(N, block_size, H),
+    )
 
 
 @torch.library.custom_op("qwen3exp::moe_blockwise_backward", mutates_args=())
-def moe_blockwise_backward(grad_out: Tensor, hidden: Tensor, affinities: Tensor, gate_up: Tensor, down: Tensor,
-                           gate_up_t: Tensor, down_act: Tensor, token_position_to_id: Tensor,
-                           block_to_expert: Tensor, block_size: int, affinity_grad: bool = True,
-                           ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def moe_blockwise_backward(
+    grad_out: Tensor,
+    hidden: Tensor,
+    affinities: Tensor,
+    gate_up: Tensor,
+    down: Tensor,
+    gate_up_t: Tensor,
+    down_act: Tensor,
+    token_position_to_id: Tensor,
+    block_to_expert: Tensor,
+    block_size: int,
+    affinity_grad: bool = True,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     if neuron.on_neuron(hidden):
-        return neuron.blockwise_mm_bwd(grad_out, hidden, affinities, gate_up, down, gate_up_t, down_act,
-                                       token_position_to_id, block_to_expert, block_size=block_size,
-                                       lnc=neuron.lnc_from_env())
-    return moe_backward_pytorch(grad_out, hidden, affinities, gate_up, down, gate_up_t, down_act,
-                                token_position_to_id, block_to_expert, block_size, affinity_grad)
+        return neuron.blockwise_mm_bwd(
+            grad_out,
+            hidden,
+            affinities,
+            gate_up,
+            down,
+            gate_up_t,
+            down_act,
+            token_position_to_id,
+            block_to_expert,
+            block_size=block_size,
+            lnc=neuron.lnc_from_env(),
+        )
+    return moe_backward_pytorch(
+        grad_out,
+        hidden,
+        affinities,
+        gate_up,
+        down,
+        gate_up_t,
+        down_act,
+        token_position_to_id,
+        block_to_expert,
+        block_size,
+        affinity_grad,
+    )
 
 
 @moe_blockwise_backward.register_fake
-def _(grad_out, hidden, affinities, gate_up, down, gate_up_t, down_act, token_position_to_id, block_to_expert,
-      block_size, affinity_grad=True):
+def _(
+    grad_out,
+    hidden,
+    affinities,
+    gate_up,
+    down,
+    gate_up_t,
+    down_act,
+    token_position_to_id,
+    block_to_expert,
+    block_size,
+    affinity_grad=True,
+):
     return (torch.empty_like(hidden), torch.empty_like(affinities), torch.empty_like(gate_up), torch.empty_like(down))
 
 
@@ -291,8 +389,18 @@ def _setup_context(ctx, inputs, output) -> None:
 def _backward(ctx, grad_out, _grad_gate_up_t, _grad_down_act):
     hidden, affinities, gate_up, down, gate_up_t, down_act, positions, block_to_expert = ctx.saved_tensors
     d_hidden, d_aff, d_gate_up, d_down = moe_blockwise_backward(
-        grad_out.contiguous(), hidden, affinities, gate_up, down, gate_up_t, down_act, positions, block_to_expert,
-        ctx.block_size, ctx.needs_input_grad[1])
+        grad_out.contiguous(),
+        hidden,
+        affinities,
+        gate_up,
+        down,
+        gate_up_t,
+        down_act,
+        positions,
+        block_to_expert,
+        ctx.block_size,
+        ctx.needs_input_grad[1],
+    )
     return d_hidden, d_aff, d_gate_up, d_down, None, None, None
 
 

@@ -28,6 +28,8 @@ MOE_BLOCK_SIZES = (128, 256, 512, 1024)
 DEFAULT_LNC = 2
 """trn2's default logical-core configuration (`NEURON_LOGICAL_NC_CONFIG`)."""
 LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
+DEVICE_TYPE = "neuron"
+"""The torch device type of a NeuronCore (TorchNeuron's PrivateUse1 name)."""
 
 
 class NeuronKernelError(ValueError):
@@ -37,8 +39,8 @@ class NeuronKernelError(ValueError):
 def available() -> bool:
     """True when torch_neuronx and nkilib both import (the real wheels, or a test's fakes)."""
     try:
-        import nkilib  # noqa: F401
-        import torch_neuronx  # noqa: F401
+        import nkilib  # noqa: F401  # lazy: the Neuron packages exist only on Trainium hosts
+        import torch_neuronx  # noqa: F401  # lazy: the same
     except Exception:  # the PyPI placeholders raise at import, not only ImportError
         return False
     return True
@@ -46,7 +48,12 @@ def available() -> bool:
 
 def on_neuron(t) -> bool:
     """The Neuron implementation runs for tensors on a Neuron device (and only if the bridge imports)."""
-    return t.device.type == "neuron" and available()
+    return t.device.type == DEVICE_TYPE and available()
+
+
+def runs_on_neuron(facts) -> bool:
+    """Whether the ranks of these platform facts compute on NeuronCores, where nkilib's constraints apply."""
+    return facts.device_type == DEVICE_TYPE
 
 
 def lnc_from_env(env: dict[str, str] | None = None) -> int:
@@ -64,7 +71,7 @@ def lnc_from_env(env: dict[str, str] | None = None) -> int:
 
 
 def _launch(kernel, lnc: int):
-    from torch_neuronx import wrap_nki
+    from torch_neuronx import wrap_nki  # lazy: only on Trainium hosts
 
     # The grid indexes the wrapper: wrap_nki(kernel)[lnc]. Never wrap_nki(kernel[lnc]) (LNC=1).
     return wrap_nki(kernel)[lnc]
@@ -75,15 +82,16 @@ def check_rope(seq_len: int, head_dim: int, lnc: int) -> None:
     if seq_len % (ROPE_SEQ_TILE * lnc):
         raise NeuronKernelError(
             f"nkilib rope_hf needs the sequence length to be a multiple of 128 x LNC = {ROPE_SEQ_TILE * lnc}, "
-            f"got {seq_len}")
+            f"got {seq_len}"
+        )
     if head_dim % 2:
         raise NeuronKernelError(f"rope_hf rotates halves of the head dimension; {head_dim} is odd")
 
 
 def rope_hf(q_bhsd, k_bhsd, cache, *, backward: bool, lnc: int):
     """q/k `[B, H, S, D]` (contiguous), cache `[S, 2D]` or `[B, S, 2D]` -> rotated (q, k), same layout."""
-    import torch
-    from nkilib.core.embeddings.rope_hf import rope_hf as kernel
+    import torch  # lazy: this module is imported by the torch-free pre-launch checks too
+    from nkilib.core.embeddings.rope_hf import rope_hf as kernel  # lazy: only on Trainium hosts
 
     B, _, S, D = q_bhsd.shape
     check_rope(S, D, lnc)
@@ -105,33 +113,71 @@ def check_moe(*, block_size: int, hidden: int, lnc: int) -> None:
 
 def moe_cte(hidden, affinities, gate_up, down, token_position_to_id, block_to_expert, *, block_size: int, lnc: int):
     """Forward with activation checkpointing -> (output[T+1, H], gate_up_T[N, 2, I, B], down[N, B, H])."""
-    from nkilib.core.moe.moe_cte.moe_cte import MoECTEImplementation, MoECTESpec, ShardOnIConfig, moe_cte as kernel
+    from nkilib.core.moe.moe_cte.moe_cte import (  # lazy: only on Trainium hosts
+        MoECTEImplementation,
+        MoECTESpec,
+        ShardOnIConfig,
+        moe_cte as kernel,
+    )
 
     check_moe(block_size=block_size, hidden=hidden.shape[-1], lnc=lnc)
     n_blocks = block_to_expert.shape[0]
     # Shard on the intermediate dimension, the implementation that checkpoints the activations the
     # backward kernel reads; affinities are applied after the down projection (on H).
-    spec = MoECTESpec(implementation=MoECTEImplementation.shard_on_i,
-                      shard_on_I=ShardOnIConfig(checkpoint_activation=True, expert_affinity_multiply_on_I=False))
+    spec = MoECTESpec(
+        implementation=MoECTEImplementation.shard_on_i,
+        shard_on_I=ShardOnIConfig(checkpoint_activation=True, expert_affinity_multiply_on_I=False),
+    )
     out, gate_up_t, down_act = _launch(kernel, lnc)(
-        hidden.contiguous(), affinities.contiguous(), gate_up.contiguous(), down.contiguous(), token_position_to_id,
-        block_to_expert.reshape(n_blocks, 1), block_size, spec)
+        hidden.contiguous(),
+        affinities.contiguous(),
+        gate_up.contiguous(),
+        down.contiguous(),
+        token_position_to_id,
+        block_to_expert.reshape(n_blocks, 1),
+        block_size,
+        spec,
+    )
     return out, gate_up_t, down_act
 
 
-def blockwise_mm_bwd(grad_out, hidden, affinities, gate_up, down, gate_up_t, down_act, token_position_to_id,
-                     block_to_expert, *, block_size: int, lnc: int):
+def blockwise_mm_bwd(
+    grad_out,
+    hidden,
+    affinities,
+    gate_up,
+    down,
+    gate_up_t,
+    down_act,
+    token_position_to_id,
+    block_to_expert,
+    *,
+    block_size: int,
+    lnc: int,
+):
     """-> (d_hidden, d_affinities, d_gate_up, d_down), shaped like the forward inputs."""
-    import torch
-    from nkilib.experimental.moe.bwd.blockwise_mm_backward import blockwise_mm_bwd as kernel
-    from nkilib.experimental.moe.bwd.moe_bwd_parameters import AffinityOption, KernelTypeOption
+    import torch  # lazy: this module is imported by the torch-free pre-launch checks too
+    from nkilib.experimental.moe.bwd.blockwise_mm_backward import blockwise_mm_bwd as kernel  # lazy: Trainium only
+    from nkilib.experimental.moe.bwd.moe_bwd_parameters import AffinityOption, KernelTypeOption  # lazy: the same
 
     check_moe(block_size=block_size, hidden=hidden.shape[-1], lnc=lnc)
     n_blocks = block_to_expert.shape[0]
     grads = _launch(kernel, lnc)(
-        hidden.contiguous(), affinities.contiguous(), gate_up.contiguous(), down.contiguous(), gate_up_t.contiguous(),
-        down_act.contiguous(), token_position_to_id, block_to_expert.reshape(n_blocks, 1), grad_out.contiguous(),
-        block_size, affinity_option=AffinityOption.AFFINITY_ON_H, kernel_type_option=KernelTypeOption.DROPLESS)
+        hidden.contiguous(),
+        affinities.contiguous(),
+        gate_up.contiguous(),
+        down.contiguous(),
+        gate_up_t.contiguous(),
+        down_act.contiguous(),
+        token_position_to_id,
+        block_to_expert.reshape(n_blocks, 1),
+        grad_out.contiguous(),
+        block_size,
+        affinity_option=AffinityOption.AFFINITY_ON_H,
+        kernel_type_option=KernelTypeOption.DROPLESS,
+    )
     # Gradients come back contiguous; the operator promises the strides of its inputs.
-    return tuple(g if g.stride() == t.stride() else torch.empty_like(t).copy_(g)
-                 for g, t in zip(grads[:4], (hidden, affinities, gate_up, down), strict=True))
+    return tuple(
+        g if g.stride() == t.stride() else torch.empty_like(t).copy_(g)
+        for g, t in zip(grads[:4], (hidden, affinities, gate_up, down), strict=True)
+    )

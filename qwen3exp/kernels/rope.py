@@ -69,7 +69,8 @@ def _check(q: Tensor, k: Tensor, cache: Tensor) -> None:
     if D % 2:
         raise ValueError(f"head dim {D} is odd; rotate-half needs an even head dim")
     ok = (cache.dim() == 2 and tuple(cache.shape) == (S, 2 * D)) or (
-        cache.dim() == 3 and tuple(cache.shape) == (B, S, 2 * D))
+        cache.dim() == 3 and tuple(cache.shape) == (B, S, 2 * D)
+    )
     if not ok:
         raise ValueError(f"rope cache must be [S, 2D] = [{S}, {2 * D}] or [B, S, 2D], got {list(cache.shape)}")
 

@@ -1,7 +1,7 @@
 """How a launch ends (`qwen3exp.launchers.local.launch`): the status of the torchrun run, the
 Hugging Face export completed and verified, `summary.json`, and the last line the person watching sees.
 
-- The root cause of a failure is the ranks' own (`qwen3exp.run.agent.root_cause`); when the run
+- The root cause of a failure is the ranks' own (`qwen3exp.run.diagnosis.root_cause`); when the run
   directory's disk is full, the error says so first.
 - `summary.json` is written atomically, also on a disk the ranks filled: the launcher holds room
   for it while they run (`SummaryReserve`) and gives it back once they are gone.
@@ -20,12 +20,16 @@ import sys
 import time
 from pathlib import Path
 
-from qwen3exp.config.compose import quote_value
-from qwen3exp.config.schema import Experiment, HFExport, HFRoundtrip
+from qwen3exp.config.argv import quote_value
+from qwen3exp.config.schema import Experiment
+from qwen3exp.config.sections.checkpoint import HFExport, HFRoundtrip
+from qwen3exp.launchers import sweep
 from qwen3exp.plan import model_files
 from qwen3exp.plan.build import Plan
-from qwen3exp.plan.placement import Placement
-from qwen3exp.run import console, identity, objective, provenance, rundir, timelimit
+from qwen3exp.plan.nodes import Placement
+from qwen3exp.plan.placement import nodes_of
+from qwen3exp.run import console, diagnosis, identity, objective, provenance, redact, rundir, timelimit
+from qwen3exp.titan import hf_export
 from qwen3exp.titan.overrides import merge_applied
 
 EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -49,34 +53,40 @@ def node_file(name: str, where: Placement) -> str:
 
 def first_rank_error(run_dir: Path, *, since: float = 0.0, rdzv_timeout_s: float | None = None) -> str | None:
     """The root cause of a failed run, from the ranks' error files and the agents' records of how
-    ranks died (`qwen3exp.run.agent.root_cause`): a rank killed by a signal, or gone without an error
+    ranks died (`qwen3exp.run.diagnosis.root_cause`): a rank killed by a signal, or gone without an error
     report, comes before the communication errors it caused in the other ranks."""
-    from qwen3exp.run import agent
-    return agent.root_cause(run_dir / rundir.LOGS, since=since, rdzv_timeout_s=rdzv_timeout_s)
+    return diagnosis.root_cause(run_dir / rundir.LOGS, since=since, rdzv_timeout_s=rdzv_timeout_s)
 
 
-def status(plan: Plan, run_dir: Path, code: int | None, signum: int | None, *, ranks_started: bool,
-           since: float) -> tuple[str, int, str | None]:
+def status(
+    plan: Plan, run_dir: Path, code: int | None, signum: int | None, *, ranks_started: bool, since: float
+) -> tuple[str, int, str | None]:
     """(status, exit code, error) of the torchrun run that just ended (`code`; None when a signal
     abandoned the launch before torchrun ran); `since`: when this launch started (time.time())."""
     exp, logs = plan.exp, run_dir / rundir.LOGS
     if signum is not None:
-        return ("interrupted", EXIT_SIGNAL[signal.Signals(signum)],
-                f"stopped by {signal.Signals(signum).name}" + ("" if ranks_started else " before the ranks started"))
+        return (
+            "interrupted",
+            EXIT_SIGNAL[signal.Signals(signum)],
+            f"stopped by {signal.Signals(signum).name}" + ("" if ranks_started else " before the ranks started"),
+        )
     if code == 0 and (limit := timelimit.saved(logs)) is not None:
-        return timelimit.outcome(exp, limit, os.environ)
+        return nodes_of(exp.launcher).time_limit_outcome(exp, limit, os.environ)
     if code == 0:
         return "completed", 0, None
     assert code is not None  # None only when a signal abandoned the launch (signum is set)
     rdzv = exp.launcher.rdzv_timeout_s
-    error = (first_rank_error(run_dir, since=since - rdzv, rdzv_timeout_s=rdzv)
-             or (f"torchrun was killed by {signal.Signals(-code).name}" if code < 0
-                 else f"torchrun exited with code {code}"))
+    error = first_rank_error(run_dir, since=since - rdzv, rdzv_timeout_s=rdzv) or (
+        f"torchrun was killed by {signal.Signals(-code).name}" if code < 0 else f"torchrun exited with code {code}"
+    )
     if (full := full_disk(run_dir, error)) is not None:
         # The ranks' and agents' records are written to that disk too: without a word of "no space"
         # in them they are incomplete (an agent whose end was not recorded looks killed).
-        error = f"{full}; " + (error if "No space left on device" in error
-                               else "the ranks could not record why they stopped (their output is in logs/)")
+        error = f"{full}; " + (
+            error
+            if "No space left on device" in error
+            else "the ranks could not record why they stopped (their output is in logs/)"
+        )
     return "failed", code, error
 
 
@@ -97,7 +107,6 @@ def full_disk(run_dir: Path, error: str) -> str | None:
 def finish_export(plan: Plan, run_dir: Path) -> dict:
     """Complete torchtitan's HF export into a from_pretrained folder and verify it, each shown as a
     phase (on a 0.6B model they take as long as the training)."""
-    from qwen3exp.titan import hf_export
     exp, files = plan.exp, plan.files
     folder = hf_export.export_folder(run_dir, exp.training.steps)
     if not isinstance(exp.checkpoint, HFExport | HFRoundtrip):
@@ -108,13 +117,15 @@ def finish_export(plan: Plan, run_dir: Path) -> dict:
     log = console.logger("qwen3exp.launch")
     log.info("qwen3exp: completing the Hugging Face export (config, tokenizer, shards)", extra=console.LIVE)
     begun = time.monotonic()
-    hf_export.complete(folder, arch=files.arch, assets=files.folder, config_source=source,
-                       dtype=exp.checkpoint.dtype)
+    hf_export.complete(folder, arch=files.arch, assets=files.folder, config_source=source, dtype=exp.checkpoint.dtype)
     completed = time.monotonic()
     log.info("qwen3exp: verifying the export (loading it with transformers)", extra=console.LIVE)
     result = hf_export.verify(folder, tied=files.arch.tied)
-    return {**result, "complete_seconds": round(completed - begun, 3),
-            "verify_seconds": round(time.monotonic() - completed, 3)}
+    return {
+        **result,
+        "complete_seconds": round(completed - begun, 3),
+        "verify_seconds": round(time.monotonic() - completed, 3),
+    }
 
 
 class SummaryReserve:
@@ -139,9 +150,18 @@ class SummaryReserve:
         self.path.unlink(missing_ok=True)
 
 
-def summarize(plan: Plan, run_dir: Path, *, exit_code: int, status: str, wall: float,
-              error: str | None, resumed_from: int | None = None, export: dict | None = None,
-              extra: dict | None = None) -> dict:
+def summarize(
+    plan: Plan,
+    run_dir: Path,
+    *,
+    exit_code: int,
+    status: str,
+    wall: float,
+    error: str | None,
+    resumed_from: int | None = None,
+    export: dict | None = None,
+    extra: dict | None = None,
+) -> dict:
     rows = rundir.read_metrics(run_dir)
     val = rundir.read_validation(run_dir)
     step1 = next((r["loss"] for r in rows if r["step"] == 1), None)
@@ -162,8 +182,9 @@ def summarize(plan: Plan, run_dir: Path, *, exit_code: int, status: str, wall: f
         "first_val_loss": val[0]["val_loss"] if val else None,
         "val_step": val[-1]["step"] if val else None,
         "tokens_per_second": tps,
-        "objective": objective.record(metric, direction, objective.value_of(
-            metric, last_loss=last_loss, val_loss=val_loss, tokens_per_second=tps)),
+        "objective": objective.record(
+            metric, direction, objective.value_of(metric, last_loss=last_loss, val_loss=val_loss, tokens_per_second=tps)
+        ),
         "wall_seconds": round(wall, 3),
         "error": error,
         "platform": plan.platform.name,
@@ -189,8 +210,10 @@ def write_summary(path: Path, summary: dict) -> None:
     """summary.json, atomically; on a disk too full even for that (after the launcher gave back its
     `SummaryReserve`), a minimal summary (status, exit code, error), else one line on stderr (no
     traceback: the launch's outcome line follows)."""
-    minimal = {k: summary.get(k) for k in ("status", "exit_code", "steps_completed", "last_loss",
-                                            "wall_seconds", "error", "experiment_hash")}
+    minimal = {
+        k: summary.get(k)
+        for k in ("status", "exit_code", "steps_completed", "last_loss", "wall_seconds", "error", "experiment_hash")
+    }
     try:
         rundir.atomic_write_json(path, summary)
     except OSError as e:
@@ -207,12 +230,18 @@ def say(summary: dict, run_dir: Path) -> None:
     log = console.logger("qwen3exp.launch")
     status, last, val, error = summary["status"], summary["last_loss"], summary["val_loss"], summary["error"]
     export = summary.get("export") or {}
-    phases = [f"{what} {export[key]:.1f}s" for what, key in (("export", "complete_seconds"),
-                                                              ("verification", "verify_seconds")) if key in export]
-    outcome = (f"qwen3exp: {status}: {run_dir}  last loss {last if last is None else f'{last:.4f}'}"
-               + (f"  val loss {val:.4f}" if val is not None else "")
-               + f"  wall {summary['wall_seconds']:.1f}s" + (f" (of which {', '.join(phases)})" if phases else "")
-               + (f"\n  error: {error}" if error else ""))
+    phases = [
+        f"{what} {export[key]:.1f}s"
+        for what, key in (("export", "complete_seconds"), ("verification", "verify_seconds"))
+        if key in export
+    ]
+    outcome = (
+        f"qwen3exp: {status}: {run_dir}  last loss {last if last is None else f'{last:.4f}'}"
+        + (f"  val loss {val:.4f}" if val is not None else "")
+        + f"  wall {summary['wall_seconds']:.1f}s"
+        + (f" (of which {', '.join(phases)})" if phases else "")
+        + (f"\n  error: {error}" if error else "")
+    )
     if status == "completed":
         log.info(outcome, extra=console.GOOD)
     elif status == "failed":
@@ -221,8 +250,9 @@ def say(summary: dict, run_dir: Path) -> None:
         log.warning(outcome)
 
 
-def stopped_line(plan: Plan, run_dir: Path, signum: int, origin: provenance.Origin | None, *,
-                 ranks_started: bool) -> str:
+def stopped_line(
+    plan: Plan, run_dir: Path, signum: int, origin: provenance.Origin | None, *, ranks_started: bool
+) -> str:
     """The one line a stopped run ends with: how it was stopped, the last step completed (and its
     loss), what is saved, and the command that resumes (or starts again)."""
     exp = plan.exp
@@ -243,8 +273,9 @@ def stopped_line(plan: Plan, run_dir: Path, signum: int, origin: provenance.Orig
     else:
         only_last = " saves only at the last step" if exp.checkpoint.exports else " keeps no checkpoints"
         kept, todo = f"nothing is saved (checkpoint={exp.checkpoint.kind}{only_last})", "start again"
-    return (f"qwen3exp: interrupted by {how} {done}; {kept}; to {todo}: "
-            + rerun_command(origin, run_dir, same_dir=exp.checkpoint.resumable))
+    return f"qwen3exp: interrupted by {how} {done}; {kept}; to {todo}: " + rerun_command(
+        origin, run_dir, same_dir=exp.checkpoint.resumable
+    )
 
 
 def rerun_command(origin: provenance.Origin | None, run_dir: Path, *, same_dir: bool) -> str:
@@ -253,10 +284,8 @@ def rerun_command(origin: provenance.Origin | None, run_dir: Path, *, same_dir: 
     if origin is None:
         return f"the same command with hydra.run.dir={quote_value(str(run_dir))}"
     if origin.mode == "MULTIRUN" and origin.sweep_dir:
-        from qwen3exp.launchers import sweep
-
-        return sweep.resume_command(provenance.redact_argv(origin.command), Path(origin.sweep_dir))
+        return sweep.resume_command(redact.redact_argv(origin.command), Path(origin.sweep_dir))
     args = [a for a in origin.command if not a.lstrip("+").startswith("hydra.run.dir=")]
     if same_dir:
         args.append(f"hydra.run.dir={quote_value(str(run_dir))}")
-    return shlex.join(provenance.redact_argv(args))
+    return shlex.join(redact.redact_argv(args))

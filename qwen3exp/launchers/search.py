@@ -23,16 +23,22 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from qwen3exp.config.compose import Invocation, Master, parse_overrides, representative_values
+from omegaconf import OmegaConf
+
+from qwen3exp.config.argv import Invocation, parse_overrides
+from qwen3exp.config.composer import Composer
+from qwen3exp.config.names import safe_dirname
+from qwen3exp.config.precheck import Master
+from qwen3exp.config.sweeps import representative_values
 from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError, Problem
+from qwen3exp.launchers.points import HydraFiles, check_job
+from qwen3exp.plan.render import print_plans
 from qwen3exp.run.rundir import IDENTITY_IGNORES
 
 OPTUNA = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
 
 
 def _select(cfg, key: str, default=None):
-    from omegaconf import OmegaConf
-
     return OmegaConf.select(cfg, key, default=default, throw_on_resolution_failure=False)
 
 
@@ -49,12 +55,24 @@ def direction_problems(master: Master, exp) -> list[Problem]:
     if not found:
         return []
     if len(found) > 1:
-        return [Problem("hydra.sweeper.direction", found, f"asks for {len(found)} objectives; each job returns one "
-                        f"({metric}, sweep.objective)", f"a single direction: {direction}")]
+        return [
+            Problem(
+                "hydra.sweeper.direction",
+                found,
+                f"asks for {len(found)} objectives; each job returns one ({metric}, sweep.objective)",
+                f"a single direction: {direction}",
+            )
+        ]
     if found[0] != direction:
-        return [Problem("hydra.sweeper.direction", found[0], f"but sweep.objective={metric} is {direction}d "
-                        "(the sweeper would search for the worst runs)", direction,
-                        f"hydra.sweeper.direction={direction}, or another sweep.objective")]
+        return [
+            Problem(
+                "hydra.sweeper.direction",
+                found[0],
+                f"but sweep.objective={metric} is {direction}d (the sweeper would search for the worst runs)",
+                direction,
+                f"hydra.sweeper.direction={direction}, or another sweep.objective",
+            )
+        ]
     return []
 
 
@@ -67,11 +85,13 @@ def space_lines(master: Master) -> list[str]:
     trials, jobs = _select(master.cfg, "hydra.sweeper.n_trials"), _select(master.cfg, "hydra.sweeper.n_jobs")
     sampler = _select(master.cfg, "hydra.sweeper.sampler._target_")
     storage = _select(master.cfg, "hydra.sweeper.storage")
-    budget = [f"{trials} trial(s)" if trials is not None else None,
-              f"{jobs} per batch" if jobs is not None else None,
-              f"sampler {sampler}" if sampler else None,
-              f"direction {'/'.join(_directions(master.cfg))}" if _directions(master.cfg) else None,
-              f"storage {storage}" if storage else "no storage (a stopped search cannot continue)"]
+    budget = [
+        f"{trials} trial(s)" if trials is not None else None,
+        f"{jobs} per batch" if jobs is not None else None,
+        f"sampler {sampler}" if sampler else None,
+        f"direction {'/'.join(_directions(master.cfg))}" if _directions(master.cfg) else None,
+        f"storage {storage}" if storage else "no storage (a stopped search cannot continue)",
+    ]
     lines.append("  budget: " + ", ".join(b for b in budget if b))
     return lines
 
@@ -93,23 +113,26 @@ def representative_points(master: Master, inv: Invocation) -> list[list[str]]:
 def check_space(master: Master, inv: Invocation) -> list:
     """Check and plan the representative points (`representative_points`); raises ConfigError with
     every problem of every point, or about the sweeper's direction. Runs and writes nothing."""
-    from qwen3exp.config.compose import Composer
-    from qwen3exp.config.names import safe_dirname
-    from qwen3exp.launchers.batch import HydraFiles, check_job
-
     points, errors = [], []
     with Composer(inv.config_dir, inv.config_name) as c:
         searchpath = [o for o in inv.overrides if o.split("=", 1)[0] == "hydra.searchpath"]
         files = HydraFiles(c.loader, inv.config_name, searchpath)
         for i, overrides in enumerate(representative_points(master, inv)):
             task = [o for o in overrides if not (o.startswith("hydra.") or o.startswith("hydra/"))]
-            label = " ".join(o for o in task[-len(master.sweeps):]) if master.sweeps else "(no swept key)"
+            label = " ".join(o for o in task[-len(master.sweeps) :]) if master.sweeps else "(no swept key)"
             # A trial's folder is named by its overrides, like any sweep job's.
             folder = safe_dirname(",".join(sorted(o for o in task if o.split("=", 1)[0] not in IDENTITY_IGNORES)))
             try:
                 cfg = c.compose([*overrides, "hydra.sweeper.params=null"])
-                points.append(check_job(cfg, files, task, context=f"representative point {i + 1} [{label}]",
-                                        run_dir=str(Path(master.output_dir) / folder)))
+                points.append(
+                    check_job(
+                        cfg,
+                        files,
+                        task,
+                        context=f"representative point {i + 1} [{label}]",
+                        run_dir=str(Path(master.output_dir) / folder),
+                    )
+                )
             except ConfigError as e:
                 errors.append(e)
     if errors:
@@ -122,10 +145,10 @@ def check_space(master: Master, inv: Invocation) -> list:
 def dry_run(master: Master, inv: Invocation) -> int:
     """`dry_run=true` with an adaptive sweeper: the space, the budget, and the representative
     points checked; exit 2 when one of them is refused. Runs nothing, writes nothing."""
-    from qwen3exp.plan.render import print_plans
-
-    print(f"qwen3exp dry run of an adaptive sweep ({master.sweeper}): its points are chosen while it runs; "
-          "each batch of trials is checked and planned before any trial of it starts")
+    print(
+        f"qwen3exp dry run of an adaptive sweep ({master.sweeper}): its points are chosen while it runs; "
+        "each batch of trials is checked and planned before any trial of it starts"
+    )
     print("search space:")
     for line in space_lines(master):
         print(line)
@@ -134,8 +157,10 @@ def dry_run(master: Master, inv: Invocation) -> int:
     except ConfigError as e:
         print(e.render(), file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    print(f"checked {len(points)} representative point(s) (every listed value, both ends of every interval): "
-          "all pass. The first, planned:")
+    print(
+        f"checked {len(points)} representative point(s) (every listed value, both ends of every interval): "
+        "all pass. The first, planned:"
+    )
     print_plans(points[:1])
     return 0
 
@@ -143,8 +168,6 @@ def dry_run(master: Master, inv: Invocation) -> int:
 def resume_overrides(master: Master, sweep_dir: Path) -> list[str]:
     """Overrides that make a rerun of a stored Optuna search continue it (see the module docstring);
     [] for a new search, another sweeper or no storage."""
-    from omegaconf import OmegaConf
-
     if master.sweeper != OPTUNA:
         return []
     # The storage URL may name the sweep directory: resolve it with the directory Hydra will get.
@@ -157,7 +180,7 @@ def resume_overrides(master: Master, sweep_dir: Path) -> list[str]:
     n_trials = OmegaConf.select(cfg, "hydra.sweeper.n_trials", default=None)
     if not storage or not name or n_trials is None:
         return []
-    import optuna
+    import optuna  # lazy: optional (the optuna extra), only for hydra/sweeper=optuna searches
 
     try:
         study = optuna.load_study(study_name=str(name), storage=str(storage))
@@ -173,8 +196,11 @@ def resume_overrides(master: Master, sweep_dir: Path) -> list[str]:
     finished = sum(t.state in (states.COMPLETE, states.PRUNED, states.FAIL) for t in study.get_trials(deepcopy=False))
     finished -= len(stale)
     left = max(0, int(n_trials) - finished)
-    print(f"qwen3exp: continuing the search in {storage} (study {name}): {finished} trial(s) finished earlier, "
-          f"{len(stale)} left running by the stopped search marked failed, {left} of {n_trials} to go", flush=True)
+    print(
+        f"qwen3exp: continuing the search in {storage} (study {name}): {finished} trial(s) finished earlier, "
+        f"{len(stale)} left running by the stopped search marked failed, {left} of {n_trials} to go",
+        flush=True,
+    )
     extra = [f"hydra.sweeper.n_trials={left}"]
     seed = OmegaConf.select(cfg, "hydra.sweeper.sampler.seed", default=None)
     if isinstance(seed, int):
@@ -190,4 +216,4 @@ def _inside(storage: str, sweep_dir: Path) -> bool:
     prefix = "sqlite:///"
     if not storage.startswith(prefix):
         return False
-    return Path(storage[len(prefix):]).resolve().is_relative_to(Path(sweep_dir).resolve())
+    return Path(storage[len(prefix) :]).resolve().is_relative_to(Path(sweep_dir).resolve())

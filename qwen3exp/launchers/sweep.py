@@ -27,9 +27,12 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from qwen3exp.config.compose import quote_value
+from qwen3exp.analysis import report
+from qwen3exp.analysis.diff import show
+from qwen3exp.config.argv import quote_value
 from qwen3exp.errors import ConfigError, Problem
 from qwen3exp.run import claim as claim_module, identity, rundir
+from qwen3exp.run.identity import differences
 
 # ------------------------------------------------------------------------------ the resume plan
 NEW, DONE, RETRY, CONFLICT = "new", "done", "retry", "conflict"
@@ -73,9 +76,14 @@ def plan(points, sweep_dir: Path, *, first_index: int = 0) -> list[Job]:
         data = identity.recorded_data(exp)
         label = " ".join(o for o in overrides if not o.startswith("hydra."))
         if run_dir in seen:
-            problems.append(Problem("hydra.sweep.subdir", str(run_dir),
-                                    f"sweep points {seen[run_dir] + 1} and {i + 1} [{label}] share one run directory",
-                                    "a subdir that differs between points (the default names it by the overrides)"))
+            problems.append(
+                Problem(
+                    "hydra.sweep.subdir",
+                    str(run_dir),
+                    f"sweep points {seen[run_dir] + 1} and {i + 1} [{label}] share one run directory",
+                    "a subdir that differs between points (the default names it by the overrides)",
+                )
+            )
             continue
         seen[run_dir] = i
         state, previous = _state(run_dir, identity.of(exp))
@@ -93,24 +101,26 @@ def plan(points, sweep_dir: Path, *, first_index: int = 0) -> list[Job]:
 def _conflict(conflicts: list, n: int, sweep_dir: Path) -> Problem:
     """One problem for every folder that holds a different experiment, with what changed (as seen
     in the first such folder)."""
-    from qwen3exp.analysis.diff import show
-    from qwen3exp.run.identity import differences
-
     i, label, run_dir, data = conflicts[0]
     old = rundir.read_experiment(run_dir)
     changes = [c for c in differences(old or {}, data) if c[0] not in rundir.IDENTITY_IGNORES]
     shown = "; ".join(f"{k}: {show(a)} -> {show(b)}" for k, a, b in changes[:4])
     more = f" (+{len(changes) - 4} more)" if len(changes) > 4 else ""
-    which = f"sweep point {i + 1}/{n} [{label}]" if len(conflicts) == 1 else \
-        f"{len(conflicts)} of {n} sweep points (first: {i + 1} [{label}])"
+    which = (
+        f"sweep point {i + 1}/{n} [{label}]"
+        if len(conflicts) == 1
+        else f"{len(conflicts)} of {n} sweep points (first: {i + 1} [{label}])"
+    )
     return Problem(
-        "hydra.sweep.dir", str(sweep_dir),
+        "hydra.sweep.dir",
+        str(sweep_dir),
         f"{which}: the job folder holds a run of a different experiment "
         f"(changed since: {shown or 'no key differs, the content hash does (recorded by another qwen3exp?)'}{more}); "
         "a sweep directory never mixes two configurations",
         "a new sweep directory",
         "drop hydra.sweep.dir=... (a new timestamped directory) or pass a new one; "
-        f"qwen3exp diff '{run_dir}' <new run> shows every difference")
+        f"qwen3exp diff '{run_dir}' <new run> shows every difference",
+    )
 
 
 MANIFEST = claim_module.SWEEP_MANIFEST
@@ -119,9 +129,20 @@ adaptive sweeper adds a batch at a time); the command line reads it back for the
 
 
 def record(sweep_dir: Path, jobs: list[Job]) -> None:
-    lines = "".join(json.dumps({"index": j.index, "overrides": j.overrides, "run_dir": str(j.run_dir),
-                                "experiment": j.experiment, "state": j.state, "previous": j.previous}) + "\n"
-                    for j in jobs)
+    lines = "".join(
+        json.dumps(
+            {
+                "index": j.index,
+                "overrides": j.overrides,
+                "run_dir": str(j.run_dir),
+                "experiment": j.experiment,
+                "state": j.state,
+                "previous": j.previous,
+            }
+        )
+        + "\n"
+        for j in jobs
+    )
     with open(sweep_dir / MANIFEST, "a", encoding="utf-8") as f:
         f.write(lines)
         f.flush()
@@ -140,8 +161,16 @@ def recorded(sweep_dir: Path, since: int = 0) -> list[Job]:
     for line in text.splitlines():
         try:
             d = json.loads(line)
-            jobs.append(Job(int(d["index"]), list(d["overrides"]), Path(d["run_dir"]), dict(d["experiment"]),
-                            str(d["state"]), d.get("previous")))
+            jobs.append(
+                Job(
+                    int(d["index"]),
+                    list(d["overrides"]),
+                    Path(d["run_dir"]),
+                    dict(d["experiment"]),
+                    str(d["state"]),
+                    d.get("previous"),
+                )
+            )
         except (ValueError, KeyError, TypeError):
             continue
     return jobs
@@ -182,12 +211,18 @@ def claim(run_dir: Path, exp) -> bool:
         return True
     if state == RETRY:
         kept = set_aside(run_dir)
-        print(f"qwen3exp: {run_dir} held an unfinished attempt ({previous}); kept in {kept}, running again",
-              flush=True)
+        print(f"qwen3exp: {run_dir} held an unfinished attempt ({previous}); kept in {kept}, running again", flush=True)
         return False
-    raise ConfigError([Problem("hydra.sweep.dir", str(run_dir.parent),
-                               f"{run_dir} holds a run of a different experiment; it is never overwritten",
-                               "a new sweep directory")])
+    raise ConfigError(
+        [
+            Problem(
+                "hydra.sweep.dir",
+                str(run_dir.parent),
+                f"{run_dir} holds a run of a different experiment; it is never overwritten",
+                "a new sweep directory",
+            )
+        ]
+    )
 
 
 # Left in place: Hydra's own files for this job (just rewritten, the job log is open), earlier
@@ -216,14 +251,12 @@ def set_aside(run_dir: Path) -> Path:
 
 
 # ---------------------------------------------------------------------- the end-of-sweep table
-def finish(jobs: list[Job], sweep_dir: Path, command: list[str], *, stopped: int | None,
-           adaptive: bool = False) -> int:
+def finish(jobs: list[Job], sweep_dir: Path, command: list[str], *, stopped: int | None, adaptive: bool = False) -> int:
     """Print the one-screen summary, write the report files next to the runs; return the exit code
     (`stopped`: the exit code of the signal that stopped the sweep, 130 or 143). `adaptive`: the
     sweeper chose the points and decided what a failed trial means (Optuna's max_failure_rate), so
     the search succeeded when it ran to its end with at least one completed trial; an unfinished
     trial is not run again (the sweeper asks for new points instead)."""
-    from qwen3exp.analysis import report
     jobs = list({j.run_dir: j for j in jobs}.values())  # a folder recorded twice: its latest record
     runs, status = [], {}
     for j in jobs:
@@ -238,8 +271,10 @@ def finish(jobs: list[Job], sweep_dir: Path, command: list[str], *, stopped: int
         s = status.get(r.path, r.status)
         counts[s] = counts.get(s, 0) + 1
     print()
-    print(f"qwen3exp sweep {'interrupted' if stopped else 'finished'}: {sweep_dir}  "
-          + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    print(
+        f"qwen3exp sweep {'interrupted' if stopped else 'finished'}: {sweep_dir}  "
+        + ", ".join(f"{n} {s}" for s, n in counts.items())
+    )
     t = report.table(runs, root=sweep_dir, status=status)
     print(report.render_terminal(t, max_rows=20))
     if (best := report.best_line(t)) is not None:

@@ -55,7 +55,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from qwen3exp.config.flavors import Arch
-from qwen3exp.config.schema import LOSS_CHUNKS
+from qwen3exp.config.sections.training import LOSS_CHUNKS
 from qwen3exp.units import gib as gib  # re-exported: plan/build.py prints through `memory.gib`
 
 USABLE_FRACTION = 0.9
@@ -91,16 +91,20 @@ def param_tensors(arch: Arch) -> list[ParamTensor]:
         ]
         if arch.moe is None:
             f = arch.hidden_dim
-            out += [ParamTensor(p + "feed_forward.w1.weight", (f, d), 0, i),
-                    ParamTensor(p + "feed_forward.w2.weight", (d, f), 1, i),
-                    ParamTensor(p + "feed_forward.w3.weight", (f, d), 0, i)]
+            out += [
+                ParamTensor(p + "feed_forward.w1.weight", (f, d), 0, i),
+                ParamTensor(p + "feed_forward.w2.weight", (d, f), 1, i),
+                ParamTensor(p + "feed_forward.w3.weight", (f, d), 0, i),
+            ]
         else:
             e, f = arch.moe.num_experts, arch.moe.hidden_dim
             x = p + "moe.routed_experts.inner_experts."
-            out += [ParamTensor(x + "w1_EFD", (e, f, d), 1, i, True),
-                    ParamTensor(x + "w2_EDF", (e, d, f), 2, i, True),
-                    ParamTensor(x + "w3_EFD", (e, f, d), 1, i, True),
-                    ParamTensor(p + "moe.router.gate.weight", (e, d), None, i)]
+            out += [
+                ParamTensor(x + "w1_EFD", (e, f, d), 1, i, True),
+                ParamTensor(x + "w2_EDF", (e, d, f), 2, i, True),
+                ParamTensor(x + "w3_EFD", (e, f, d), 1, i, True),
+                ParamTensor(p + "moe.router.gate.weight", (e, d), None, i),
+            ]
     out.append(ParamTensor("norm.weight", (d,), None, None))
     if not arch.tied:
         out.append(ParamTensor("lm_head.weight", (arch.vocab_size, d), 0, None))
@@ -224,8 +228,17 @@ def activation_elements_per_token(arch: Arch, mode: str) -> tuple[int, int]:
     return per_layer, once + 2 * d
 
 
-def estimate(arch: Arch, g: Degrees, *, local_batch_size: int, seq_len: int, param_dtype: str,
-             compute_dtype: str, activation_checkpoint: str, budget: int) -> Memory:
+def estimate(
+    arch: Arch,
+    g: Degrees,
+    *,
+    local_batch_size: int,
+    seq_len: int,
+    param_dtype: str,
+    compute_dtype: str,
+    activation_checkpoint: str,
+    budget: int,
+) -> Memory:
     p = params_per_rank(arch, g)
     pb, cb = DTYPE_BYTES[param_dtype], DTYPE_BYTES[compute_dtype]
     params, grads, optim = p * pb, p * pb, 2 * p * pb
@@ -238,7 +251,19 @@ def estimate(arch: Arch, g: Degrees, *, local_batch_size: int, seq_len: int, par
     acts += 2 * math.ceil(tokens / LOSS_CHUNKS) * arch.vocab_size * 4 // g.tp
     total = params + grads + optim + buffers + acts
     usable = int(budget * USABLE_FRACTION)
-    return Memory(parameters=params, gradients=grads, optimizer=optim, fsdp_buffers=buffers,
-                  activations=acts, total=total, budget=budget, usable=usable, headroom=usable - total,
-                  fits=total <= usable, param_dtype=param_dtype, compute_dtype=compute_dtype,
-                  activation_checkpoint=activation_checkpoint, tokens_per_microbatch=tokens)
+    return Memory(
+        parameters=params,
+        gradients=grads,
+        optimizer=optim,
+        fsdp_buffers=buffers,
+        activations=acts,
+        total=total,
+        budget=budget,
+        usable=usable,
+        headroom=usable - total,
+        fits=total <= usable,
+        param_dtype=param_dtype,
+        compute_dtype=compute_dtype,
+        activation_checkpoint=activation_checkpoint,
+        tokens_per_microbatch=tokens,
+    )

@@ -60,17 +60,22 @@ class ModelRef:
         """`Qwen/Qwen3-0.6B@main (snapshot 1a2b3c4d..., /cache/models--Qwen--Qwen3-0.6B/snapshots/...)`."""
         if self.repo_id is None:
             return str(self.folder)
-        return (f"{self.repo_id}@{self.revision or 'main'} (Hugging Face cache snapshot {self.commit}: "
-                f"{self.folder})")
+        return f"{self.repo_id}@{self.revision or 'main'} (Hugging Face cache snapshot {self.commit}: {self.folder})"
 
     def as_json(self) -> dict:
-        return {"key": self.key, "value": self.value, "folder": str(self.folder) if self.folder else None,
-                "repo_id": self.repo_id, "revision": self.revision, "commit": self.commit}
+        return {
+            "key": self.key,
+            "value": self.value,
+            "folder": str(self.folder) if self.folder else None,
+            "repo_id": self.repo_id,
+            "revision": self.revision,
+            "commit": self.commit,
+        }
 
 
 def hub_cache_dir() -> Path:
     """The cache huggingface_hub reads (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub)."""
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # lazy: a network client; only when an HF repository is named
 
     return Path(constants.HF_HUB_CACHE)
 
@@ -80,7 +85,7 @@ def split(value: str) -> tuple[str, str | None] | None:
     m = _HUB_ID.match(value)
     if m is None or value.startswith((".", "~")):
         return None
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
+    from huggingface_hub.utils import HFValidationError, validate_repo_id  # lazy: only for what can be a Hub id
 
     try:
         validate_repo_id(m["id"])
@@ -89,27 +94,41 @@ def split(value: str) -> tuple[str, str | None] | None:
     return m["id"], m["rev"]
 
 
-def resolve(key: str, value: str, *, revision: str | None = None,
-            revision_key: str | None = None) -> tuple[ModelRef, list[Problem]]:
+def resolve(
+    key: str, value: str, *, revision: str | None = None, revision_key: str | None = None
+) -> tuple[ModelRef, list[Problem]]:
     """Resolve `value` (given in `key`); `revision`: the section's `revision` key (named
     `revision_key`), which applies when `value` is a Hub id without its own `@revision`."""
     local = Path(value).expanduser()
     if local.exists():
         if revision is not None and split(value) is None:
-            return ModelRef(key, value, local.resolve()), [Problem(
-                revision_key or key, revision, f"applies to Hub ids only, and {key} = {value!r} is a local folder",
-                "null for a local folder")]
+            return ModelRef(key, value, local.resolve()), [
+                Problem(
+                    revision_key or key,
+                    revision,
+                    f"applies to Hub ids only, and {key} = {value!r} is a local folder",
+                    "null for a local folder",
+                )
+            ]
         return ModelRef(key, value, local.resolve()), []
     hub = split(value)
     if hub is None:  # only a path: a folder that is not there
-        return ModelRef(key, value, None), [Problem(
-            key, value, "folder does not exist", "a local folder, or a Hugging Face Hub id (org/name[@revision]) "
-            "in the local Hugging Face cache", nearby_path(local.resolve()))]
+        return ModelRef(key, value, None), [
+            Problem(
+                key,
+                value,
+                "folder does not exist",
+                "a local folder, or a Hugging Face Hub id (org/name[@revision]) in the local Hugging Face cache",
+                nearby_path(local.resolve()),
+            )
+        ]
     repo_id, own = hub
     if own is not None and revision is not None and own != revision:
-        return ModelRef(key, value, None, repo_id, own), [Problem(
-            revision_key or key, revision, f"differs from the revision in {key} = {value!r}",
-            f"null, or {own!r}")]
+        return ModelRef(key, value, None, repo_id, own), [
+            Problem(
+                revision_key or key, revision, f"differs from the revision in {key} = {value!r}", f"null, or {own!r}"
+            )
+        ]
     rev = own or revision
     ref = ModelRef(key, value, None, repo_id, rev)
     folder = _snapshot(repo_id, rev)
@@ -118,19 +137,25 @@ def resolve(key: str, value: str, *, revision: str | None = None,
         near = nearby_path(local.resolve())
         near = near if near and near.startswith("did you mean") else None
         hint = f"fetch it first (nothing is downloaded at run time): {ref.fetch_command()}"
-        return ref, [Problem(
-            key, value, f"folder does not exist ({local.resolve()}), and the local Hugging Face cache ({cache}) "
-            f"holds no Hub id {repo_id} at revision {rev or 'main'} (nothing is downloaded)",
-            "a local folder, or a Hugging Face Hub id (org/name[@revision]) in the local Hugging Face cache "
-            "(HF_HUB_CACHE or HF_HOME)", f"{near}; or, for the Hub id, {hint}" if near else hint)]
+        return ref, [
+            Problem(
+                key,
+                value,
+                f"folder does not exist ({local.resolve()}), and the local Hugging Face cache ({cache}) "
+                f"holds no Hub id {repo_id} at revision {rev or 'main'} (nothing is downloaded)",
+                "a local folder, or a Hugging Face Hub id (org/name[@revision]) in the local Hugging Face cache "
+                "(HF_HUB_CACHE or HF_HOME)",
+                f"{near}; or, for the Hub id, {hint}" if near else hint,
+            )
+        ]
     return ModelRef(key, value, folder, repo_id, rev, folder.name), []
 
 
 def _snapshot(repo_id: str, revision: str | None) -> Path | None:
     """The cached snapshot folder of `repo_id` at `revision` (a branch, tag or full commit), or None.
     huggingface_hub's own offline lookup: refs/<revision> -> snapshots/<commit>, or snapshots/<commit>."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+    from huggingface_hub import snapshot_download  # lazy: a network client; only when a Hub id is named
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError  # lazy: the same
 
     try:
         path = snapshot_download(repo_id, revision=revision, local_files_only=True)

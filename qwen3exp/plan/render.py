@@ -36,105 +36,140 @@ def _count(n: int) -> str:
 
 def render(plan, provenance_diff=None, *, title: str | None = None) -> str:
     """The plan as text; `title`: the first line (default: the dry run's)."""
-    lines: list[str] = []
-    add = lines.append
     banner = [f"!!! WARNING: {w}" for w in plan.warnings]
-    add(title or f"qwen3exp dry run: {plan.name}   (nothing was started; no model memory was allocated)")
+    lines = [
+        title or f"qwen3exp dry run: {plan.name}   (nothing was started; no model memory was allocated)",
+        *banner,
+        f"  overrides:     {' '.join(plan.overrides) or '(none)'}",
+        f"  run directory: {plan.run_dir}",
+    ]
+    for section in (
+        _experiment_lines(plan, provenance_diff),
+        _platform_lines(plan),
+        _model_lines(plan),
+        _memory_lines(plan),
+        _training_lines(plan),
+        _launch_lines(plan),
+    ):
+        lines += section
     lines += banner
-    add(f"  overrides:     {' '.join(plan.overrides) or '(none)'}")
-    add(f"  run directory: {plan.run_dir}")
+    return "\n".join(lines)
 
-    # --- experiment and provenance
+
+def _experiment_lines(plan, provenance_diff) -> list[str]:
+    """Every key of the experiment with its value and source (a later sweep point: those that differ)."""
     rows = plan.provenance
     if provenance_diff is not None:
         base = {k: (v, str(s)) for k, v, s in provenance_diff}
         rows = [(k, v, s) for k, v, s in rows if base.get(k) != (v, str(s))]
-        add("experiment (keys that differ from the first point; value, where it came from):")
+        lines = ["experiment (keys that differ from the first point; value, where it came from):"]
     else:
-        add("experiment (value, where it came from):")
-    if rows:
-        width = max(len(k) for k, _, _ in rows)
-        vwidth = min(30, max(len(_value(v)) for _, v, _ in rows))
-        for k, v, s in rows:
-            add(f"  {k:<{width}}  {_value(v):<{vwidth}}  {s}")
-    else:
-        add("  (no difference)")
+        lines = ["experiment (value, where it came from):"]
+    if not rows:
+        return [*lines, "  (no difference)"]
+    width = max(len(k) for k, _, _ in rows)
+    vwidth = min(30, max(len(_value(v)) for _, v, _ in rows))
+    return lines + [f"  {k:<{width}}  {_value(v):<{vwidth}}  {s}" for k, v, s in rows]
 
-    # --- platform and mesh
+
+def _platform_lines(plan) -> list[str]:
     f, m = plan.platform, plan.mesh
-    add(f"platform:   {f.name} ({f.reason}); backend {f.dist_backend}, attention {f.attention}, "
+    lines = [
+        f"platform:   {f.name} ({f.reason}); backend {f.dist_backend}, attention {f.attention}, "
         f"memory per rank {_human(f.memory_per_rank_bytes)}"
-        + (f", {f.devices_per_node} device(s) per node" if f.devices_per_node is not None else ""))
-    add(f"device:     {f.device_type} ({f.device_name or 'unknown'}"
+        + (f", {f.devices_per_node} device(s) per node" if f.devices_per_node is not None else ""),
+        f"device:     {f.device_type} ({f.device_name or 'unknown'}"
         f"{'' if f.device_checked else ', not checked: planned from the platform table'}), "
-        f"compile backend {f.compile_backend}" + (f", LNC {f.lnc}" if f.lnc else ""))
+        f"compile backend {f.compile_backend}" + (f", LNC {f.lnc}" if f.lnc else ""),
+    ]
     env = {**f.env, **{k: f"{plan.run_dir}/{v}" for k, v in f.run_dir_env.items()}}
     if env:
-        add(f"rank env:   {' '.join(f'{k}={v}' for k, v in env.items())}")
-    add(f"mesh:       {m.nnodes} node(s) x {m.nproc_per_node} ranks per node ({m.nproc_from}) "
-        f"= world size {m.world_size}")
-    add(f"            dp_replicate {m.dp_replicate} x dp_shard {m.dp_shard} x tp {m.tp} x pp {m.pp} x cp {m.cp}"
-        f" (ep {m.ep});  dp_shard: {m.dp_shard_from}")
+        lines.append(f"rank env:   {' '.join(f'{k}={v}' for k, v in env.items())}")
+    return lines + [
+        f"mesh:       {m.nnodes} node(s) x {m.nproc_per_node} ranks per node ({m.nproc_from}) "
+        f"= world size {m.world_size}",
+        f"            dp_replicate {m.dp_replicate} x dp_shard {m.dp_shard} x tp {m.tp} x pp {m.pp} "
+        f"x cp {m.cp} (ep {m.ep});  dp_shard: {m.dp_shard_from}",
+    ]
 
-    # --- model and parameters
-    a, p = plan.arch, plan.parameters
-    moe = f", MoE {a.moe.num_experts} experts top-{a.moe.top_k} (expert hidden {a.moe.hidden_dim})" if a.moe else \
-        f", FFN hidden {a.hidden_dim}"
-    add(f"model:      {a.n_layers} layers, dim {a.dim}, heads {a.n_heads}/{a.n_kv_heads} kv x {a.head_dim}{moe}, "
+
+def _model_lines(plan) -> list[str]:
+    a, p, m = plan.arch, plan.parameters, plan.mesh
+    moe = (
+        f", MoE {a.moe.num_experts} experts top-{a.moe.top_k} (expert hidden {a.moe.hidden_dim})"
+        if a.moe
+        else f", FFN hidden {a.hidden_dim}"
+    )
+    lines = [
+        f"model:      {a.n_layers} layers, dim {a.dim}, heads {a.n_heads}/{a.n_kv_heads} kv x {a.head_dim}{moe}, "
         f"vocab {a.vocab_size}{', tied embeddings' if a.tied else ''}, max seq {a.max_seq_len}, "
-        f"rope theta {a.rope_theta:g}")
+        f"rope theta {a.rope_theta:g}"
+    ]
     for what, src in plan.files.sources().items():
-        add(f"{'files:' if what == 'config' else '':<12}{what:<10} {_source(src)}")
-    add(f"parameters: total {_count(p.total)}")
+        lines.append(f"{'files:' if what == 'config' else '':<12}{what:<10} {_source(src)}")
+    lines.append(f"parameters: total {_count(p.total)}")
     if p.is_moe:
-        add(f"            active per token {_count(p.active_per_token)}")
-    add(f"            per rank {_count(p.per_rank)} (after tp {m.tp}, ep {m.ep}, FSDP over dp_shard x cp = "
-        f"{m.dp_shard * m.cp}, pp {m.pp})")
+        lines.append(f"            active per token {_count(p.active_per_token)}")
+    lines.append(
+        f"            per rank {_count(p.per_rank)} (after tp {m.tp}, ep {m.ep}, FSDP over dp_shard x cp = "
+        f"{m.dp_shard * m.cp}, pp {m.pp})"
+    )
+    return lines
 
-    # --- memory
+
+def _memory_lines(plan) -> list[str]:
     mem = plan.memory
     verdict = "fits" if mem.fits else "DOES NOT FIT"
-    add("memory per rank (estimate; the formula is in qwen3exp/plan/memory.py):")
-    add(f"  parameters     {_human(mem.parameters):>12}   {mem.param_dtype}")
-    add(f"  gradients      {_human(mem.gradients):>12}   {mem.param_dtype}")
-    add(f"  optimizer      {_human(mem.optimizer):>12}   AdamW, 2 states, {mem.param_dtype}")
-    add(f"  FSDP buffers   {_human(mem.fsdp_buffers):>12}   largest unit all-gathered twice in {mem.compute_dtype}"
-        " + float32 grads")
-    add(f"  activations    {_human(mem.activations):>12}   {mem.tokens_per_microbatch} tokens per micro-batch, "
-        f"{mem.compute_dtype}, activation_checkpoint={mem.activation_checkpoint}")
-    add(f"  total          {_human(mem.total):>12}   of {_human(mem.usable)} usable "
-        f"({int(memory.USABLE_FRACTION * 100)}% of {_human(mem.budget)}); headroom {_human(mem.headroom)}: {verdict}")
+    return [
+        "memory per rank (estimate; the formula is in qwen3exp/plan/memory.py):",
+        f"  parameters     {_human(mem.parameters):>12}   {mem.param_dtype}",
+        f"  gradients      {_human(mem.gradients):>12}   {mem.param_dtype}",
+        f"  optimizer      {_human(mem.optimizer):>12}   AdamW, 2 states, {mem.param_dtype}",
+        f"  FSDP buffers   {_human(mem.fsdp_buffers):>12}   largest unit all-gathered twice in "
+        f"{mem.compute_dtype} + float32 grads",
+        f"  activations    {_human(mem.activations):>12}   {mem.tokens_per_microbatch} tokens per micro-batch, "
+        f"{mem.compute_dtype}, activation_checkpoint={mem.activation_checkpoint}",
+        f"  total          {_human(mem.total):>12}   of {_human(mem.usable)} usable "
+        f"({int(memory.USABLE_FRACTION * 100)}% of {_human(mem.budget)}); headroom {_human(mem.headroom)}: "
+        f"{verdict}",
+    ]
 
-    # --- batches
-    b = plan.batches
+
+def _training_lines(plan) -> list[str]:
+    """Batches, tokens, the learning-rate schedule, validation and the objective."""
+    b, m, t = plan.batches, plan.mesh, plan.exp.training
     dp = m.dp_replicate * m.dp_shard
-    add(f"batches:    local {b.local_batch_size} x dp {dp} x grad accumulation {b.grad_accum_steps} = global "
-        f"{b.global_batch_size} sequences")
-    add(f"tokens:     {b.tokens_per_step:,} per step, {b.tokens_per_rank_per_step:,} per rank per step")
-    t = plan.exp.training
-    why = "training.warmup_steps" if t.warmup_steps is not None else \
-        f"derived from training.steps={t.steps}: min(5, max(1, steps // 5)); set training.warmup_steps to choose"
-    add(f"schedule:   {t.steps} steps, lr {t.lr:g}, warm-up {t.warmup} step(s) ({why}), {t.decay_type} decay")
-    add(f"validation: {validation_line(plan.exp)}")
+    why = (
+        "training.warmup_steps"
+        if t.warmup_steps is not None
+        else f"derived from training.steps={t.steps}: min(5, max(1, steps // 5)); set training.warmup_steps to choose"
+    )
     metric, direction = plan.exp.objective
-    add(f"objective:  {metric} ({direction}d; sweep.objective"
-        + (")" if plan.exp.sweep.objective else ", null: val_loss with validation on, else last_loss)"))
+    return [
+        f"batches:    local {b.local_batch_size} x dp {dp} x grad accumulation {b.grad_accum_steps} = global "
+        f"{b.global_batch_size} sequences",
+        f"tokens:     {b.tokens_per_step:,} per step, {b.tokens_per_rank_per_step:,} per rank per step",
+        f"schedule:   {t.steps} steps, lr {t.lr:g}, warm-up {t.warmup} step(s) ({why}), {t.decay_type} decay",
+        f"validation: {validation_line(plan.exp)}",
+        f"objective:  {metric} ({direction}d; sweep.objective"
+        + (")" if plan.exp.sweep.objective else ", null: val_loss with validation on, else last_loss)"),
+    ]
 
-    # --- overrides, checkpoint, commands
+
+def _launch_lines(plan) -> list[str]:
+    """The kernel overrides, the checkpoint verdict and the commands that start the run."""
     if plan.kernel_overrides:
-        add("overrides:  " + ", ".join(f"{n} on {c} node(s)" for n, c in plan.kernel_overrides))
+        lines = ["overrides:  " + ", ".join(f"{n} on {c} node(s)" for n, c in plan.kernel_overrides)]
     else:
-        add("overrides:  none")
+        lines = ["overrides:  none"]
     c = plan.checkpoint
     word = {True: "compatible: ", False: "INCOMPATIBLE: ", None: ""}[c.compatible]
-    add(f"checkpoint: {word}{c.detail}")
-    for note in plan.launch_notes:
-        add(f"launch:     {note}")
+    lines.append(f"checkpoint: {word}{c.detail}")
+    lines += [f"launch:     {note}" for note in plan.launch_notes]
     for i, cmd in enumerate(plan.commands):
         label = "command:   " if len(plan.commands) == 1 else f"node {i}:    "
-        add(f"{label} {shlex.join(cmd)}")
-    lines += banner
-    return "\n".join(lines)
+        lines.append(f"{label} {shlex.join(cmd)}")
+    return lines
 
 
 def validation_line(exp) -> str:
@@ -146,9 +181,12 @@ def validation_line(exp) -> str:
     count = len(multiples) + (1 not in multiples) + (steps not in multiples)
     at = sorted({1, steps, *multiples[:8]})
     shown = ", ".join(map(str, at)) if count <= 8 else f"{', '.join(map(str, at[:6]))}, ..., {steps}"
-    source = (f"{v.path} (validation.path; training reads all of its data)" if v.path is not None else
-              f"{v.fraction:.0%} of the training documents held out (validation.fraction; the same ones every "
-              "run, never trained on)")
+    source = (
+        f"{v.path} (validation.path; training reads all of its data)"
+        if v.path is not None
+        else f"{v.fraction:.0%} of the training documents held out (validation.fraction; the same ones every "
+        "run, never trained on)"
+    )
     return f"{v.steps} batch(es) at step(s) {shown}; {source}"
 
 
@@ -159,8 +197,10 @@ def _value(v) -> str:
 def _source(src: dict) -> str:
     """One model source of the plan: `Qwen/Qwen3-0.6B@main -> snapshot <commit> (<folder>): <what>`."""
     if src.get("repo_id"):
-        where = (f"{src['repo_id']}@{src.get('revision') or 'main'} -> Hugging Face cache snapshot "
-                 f"{src['commit']} ({src['folder']})")
+        where = (
+            f"{src['repo_id']}@{src.get('revision') or 'main'} -> Hugging Face cache snapshot "
+            f"{src['commit']} ({src['folder']})"
+        )
     else:
         where = src.get("folder") or ""
     return f"{where}: {src['what']}" if where else src["what"]

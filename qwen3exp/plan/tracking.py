@@ -28,16 +28,30 @@ def check(exp: Experiment) -> list[Problem]:
     if not exp.metrics.wandb:
         return []
     if importlib.util.find_spec("wandb") is None:
-        return [Problem("metrics.wandb", True, "needs the wandb package, which is not installed",
-                        "false, or install it", "pip install 'qwen3exp[wandb]'")]
-    if os.environ.get("WANDB_MODE", "online") in _NO_LOGIN_MODES or os.environ.get("WANDB_API_KEY") \
-            or _netrc_has(urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname):
+        return [
+            Problem(
+                "metrics.wandb",
+                True,
+                "needs the wandb package, which is not installed",
+                "false, or install it",
+                "pip install 'qwen3exp[wandb]'",
+            )
+        ]
+    if (
+        os.environ.get("WANDB_MODE", "online") in _NO_LOGIN_MODES
+        or os.environ.get("WANDB_API_KEY")
+        or _netrc_has(urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname)
+    ):
         return []
-    return [Problem("metrics.wandb", True,
-                    "W&B is not logged in (no WANDB_API_KEY, no ~/.netrc entry) and WANDB_MODE is not offline; "
-                    "torchtitan would drop the W&B logger with one log line",
-                    hint="run `wandb login`, set WANDB_API_KEY, or set WANDB_MODE=offline "
-                         "(files stay in the run directory)")]
+    return [
+        Problem(
+            "metrics.wandb",
+            True,
+            "W&B is not logged in (no WANDB_API_KEY, no ~/.netrc entry) and WANDB_MODE is not offline; "
+            "torchtitan would drop the W&B logger with one log line",
+            hint="run `wandb login`, set WANDB_API_KEY, or set WANDB_MODE=offline (files stay in the run directory)",
+        )
+    ]
 
 
 def _netrc_has(host: str | None) -> bool:
@@ -53,8 +67,7 @@ def env(exp: Experiment, run_dir: Path, *, sweep_dir: str | None = None) -> dict
     and, for a sweep job, WANDB_RUN_GROUP, read in the ranks as torchtitan's W&B logger reads them."""
     if not exp.metrics.wandb:
         return {}
-    out = {"WANDB_PROJECT": exp.metrics.wandb_project,
-           "WANDB_RUN_NAME": f"{exp.name}/{run_dir.name}"}
+    out = {"WANDB_PROJECT": exp.metrics.wandb_project, "WANDB_RUN_NAME": f"{exp.name}/{run_dir.name}"}
     if sweep_dir:
         out["WANDB_RUN_GROUP"] = f"{exp.name}/{Path(sweep_dir).name}"
     return {k: v for k, v in out.items() if k not in os.environ}

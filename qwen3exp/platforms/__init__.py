@@ -1,4 +1,4 @@
-"""Platforms: every device adaptation lives here, with its reason.
+"""Platforms: every device adaptation lives here, with its reason; this module finds the platform's module.
 
 `resolve()` runs in the launcher (cheap: no torchtitan import; a device probe runs in a short-lived
 subprocess only where a device may exist) and turns the validated platform section into
@@ -6,57 +6,42 @@ subprocess only where a device may exist) and turns the validated platform secti
 kernel and the environment for the ranks. `experiment_problems()` lists the rules that need the
 platform; `host_problems()` what the ranks need from this host (CPU memory and cores).
 `prepare_worker()` runs first thing in each rank, before torchtitan is imported, because torchtitan
-binds the device type at import time.
+binds the device type at import time. `device_names()` is for provenance.json, `probed()` for the
+device probe process.
 
-Modules: `cpu`, `cuda`, `neuron` (one per platform), `probe` (finding devices). The Trainium
-hardware table (`INSTANCES`) is in `qwen3exp.config.schema`, which validates platform.instance_type
-against it.
+Modules: one per platform (`cpu`, `cuda`, `neuron`), each following `variant.PlatformModule`; this
+registry finds it from the validated section's class (`BY_SECTION`) or from the resolved facts'
+name (`BY_NAME`), and resolves platform=auto (`AUTO_ORDER`). `variant` (the facts and the protocol),
+`host` (this host's CPU and memory), `probe` (finding devices). A new platform is one module here,
+its section class in `qwen3exp.config.sections.platform` (with the hardware table the Neuron
+platform plans with, `INSTANCES`), its `conf/platform/<name>.yaml`, and one entry in `PLATFORMS`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+from qwen3exp.config.sections.platform import AutoPlatform
 from qwen3exp.errors import ConfigError, Problem
+from qwen3exp.platforms import cpu, cuda, neuron
+from qwen3exp.platforms.variant import ALLOWED, DetectedPlatform, DeviceProbe, PlatformFacts, PlatformModule
 
+__all__ = [
+    "PlatformFacts",
+    "device_names",
+    "experiment_problems",
+    "host_problems",
+    "prepare_worker",
+    "probed",
+    "resolve",
+]
 
-@dataclass(frozen=True)
-class PlatformFacts:
-    name: str
-    """cpu | cuda | neuron: the platform actually used."""
-    reason: str
-    """Why this platform (for platform=auto: what was detected) and whether the device was checked."""
-    device_type: str
-    dist_backend: str
-    ranks_per_node: int
-    """Ranks per node when launcher.nproc_per_node is null."""
-    memory_per_rank_bytes: int
-    attention: str
-    """Inner attention kernel: sdpa (dense document mask + F.scaled_dot_product_attention) or flex."""
-    compile_backend: str
-    peak_flops_per_rank: float | None
-    """For MFU; None where no meaningful peak exists (CPU)."""
-    env: dict[str, str] = field(default_factory=dict)
-    """Environment variables set for every rank."""
-    force_sum_reductions: bool = False
-    """FSDP comms must use plain SUM (gloo has no PREMUL_SUM)."""
-    devices_per_node: int | None = None
-    """Devices the ranks of this node bind to (GPUs, NeuronCores; CPU cores); None: unknown here
-    (e.g. a job submitted to other machines). The plan checks ranks per node against it."""
-    devices_exclusive: bool = True
-    """True: at most one rank per device (an error beyond); False: ranks may share (CPU cores; a
-    warning that it will be slow)."""
-    device_name: str | None = None
-    """The accelerator's name as the device reports it (or the planning table's, when not checked)."""
-    device_checked: bool = True
-    """False when the numbers come from a table because no device was probed (a dry run)."""
-    lnc: int | None = None
-    """Neuron only: the Logical NeuronCore config (physical cores per rank); None elsewhere."""
-    run_dir_env: dict[str, str] = field(default_factory=dict)
-    """Environment variables whose value is a folder inside the run directory (the launcher joins
-    them with the run directory), e.g. the Neuron compile cache."""
-    comm_init_timeout_s: int | None = None
-    """torchtitan's timeout for collectives up to the end of step 1; None: torchtitan's default."""
+PLATFORMS: tuple[PlatformModule, ...] = (cpu, cuda, neuron)
+"""Every platform's module (platform=auto is the registry's own resolution, `AUTO_ORDER`)."""
+BY_SECTION: dict[type, PlatformModule] = {m.SECTION: m for m in PLATFORMS}
+BY_NAME: dict[str, PlatformModule] = {m.NAME: m for m in PLATFORMS}
+"""For what comes back as a name: `PlatformFacts.name` (platform.json, the device probe's argument)."""
+AUTO_ORDER: tuple[DetectedPlatform, ...] = (cuda, neuron)
+"""platform=auto takes the first of these whose device is here, else `AUTO_FALLBACK`."""
+AUTO_FALLBACK: PlatformModule = cpu
 
 
 def resolve(platform, *, nproc_per_node: int | None = None, dry_run: bool = False) -> PlatformFacts:
@@ -64,98 +49,66 @@ def resolve(platform, *, nproc_per_node: int | None = None, dry_run: bool = Fals
 
     A real launch checks the device (and fails with a ConfigError, exit 2, when it is missing or
     disagrees with the configuration); a dry run plans without touching a Neuron device."""
-    from qwen3exp.platforms import cpu, cuda, neuron
-
-    match platform.name:
-        case "cpu":
-            return cpu.facts(platform, nproc_per_node=nproc_per_node, reason="platform=cpu")
-        case "cuda":
-            return cuda.facts(platform, nproc_per_node=nproc_per_node, dry_run=dry_run, reason="platform=cuda")
-        case "neuron":
-            return neuron.facts(platform, nproc_per_node=nproc_per_node, dry_run=dry_run, reason="platform=neuron")
-        case "auto":
-            return _auto(nproc_per_node, dry_run)
-    raise ConfigError([Problem("platform.name", platform.name, "unknown platform", "auto, cpu, cuda, neuron")])
+    if isinstance(platform, AutoPlatform):
+        return _auto(nproc_per_node, dry_run)
+    module = BY_SECTION.get(type(platform))
+    if module is None:
+        raise ConfigError([Problem("platform.name", platform.name, "unknown platform", ALLOWED)])
+    return module.facts(platform, nproc_per_node=nproc_per_node, dry_run=dry_run, reason=f"platform={module.NAME}")
 
 
 def _auto(nproc_per_node: int | None, dry_run: bool) -> PlatformFacts:
     """cuda if torch sees a GPU, else neuron if torch_neuronx is usable, else cpu; says why."""
-    from qwen3exp.config.schema import CpuPlatform, CudaPlatform, NeuronPlatform
-    from qwen3exp.platforms import cpu, cuda, neuron, probe
-
     why: list[str] = []
-    hint = probe.cuda_hint()
-    if hint is None:
-        why.append("no CUDA GPU (no /dev/nvidia* device)")
-    else:
-        info = probe.probe("cuda")
-        if info.get("available") and info.get("count", 0) > 0:
-            return cuda.facts(CudaPlatform(), nproc_per_node=nproc_per_node, dry_run=dry_run,
-                              reason=f"platform=auto: {info['count']} CUDA GPU(s) visible ({info.get('name')})")
-        why.append(f"{hint} but torch sees no CUDA GPU ({info.get('error') or 'torch.cuda.is_available() is False'})")
-    hint = probe.neuron_hint()
-    if hint is None:
-        why.append("torch_neuronx is not installed")
-    elif dry_run:
-        return neuron.facts(NeuronPlatform(), nproc_per_node=nproc_per_node, dry_run=True,
-                            reason=f"platform=auto: {hint}")
-    else:
-        cfg = NeuronPlatform()
-        info = probe.probe("neuron", neuron.probe_env(cfg))
-        if info.get("importable") and info.get("available") and info.get("count", 0) > 0:
-            return neuron.facts(cfg, nproc_per_node=nproc_per_node, dry_run=False,
-                                reason=f"platform=auto: {info['count']} NeuronCore(s) visible ({info.get('name')})")
-        why.append(f"{hint} but no NeuronCore is usable "
-                   f"({info.get('error') or 'torch.neuron.is_available() is False'})")
-    return cpu.facts(CpuPlatform(), nproc_per_node=nproc_per_node,
-                     reason="platform=auto: " + "; ".join(why) + ": using cpu")
+    for module in AUTO_ORDER:
+        found = module.detect(nproc_per_node=nproc_per_node, dry_run=dry_run)
+        if isinstance(found, PlatformFacts):
+            return found
+        why.append(found)
+    return AUTO_FALLBACK.facts(
+        AUTO_FALLBACK.SECTION(),
+        nproc_per_node=nproc_per_node,
+        dry_run=dry_run,
+        reason="platform=auto: " + "; ".join(why) + f": using {AUTO_FALLBACK.NAME}",
+    )
 
 
 def experiment_problems(exp, facts: PlatformFacts) -> list[Problem]:
     """Cross-field rules that need the resolved platform."""
-    problems: list[Problem] = []
-    match exp.model.attention, facts.name:  # every model backend has `attention`
-        case "flex", "neuron":
-            problems.append(Problem(
-                "model.attention", "flex", "FlexAttention is not available on Neuron (it has only an "
-                "inductor lowering; torchtitan refuses to compile it with backend 'neuron')", "auto, sdpa"))
-        case "flex", "cpu":
-            problems.append(Problem(
-                "model.attention", "flex", "FlexAttention has no backward on the CPU", "auto, sdpa"))
-    return problems
+    module = BY_NAME.get(facts.name)
+    return module.experiment_problems(exp, facts) if module else []
 
 
-def host_problems(exp, facts: PlatformFacts, *, ranks: int, plan_bytes_per_rank: int | None,
-                  total_params: int = 0) -> list[Problem]:
+def host_problems(
+    exp, facts: PlatformFacts, *, ranks: int, plan_bytes_per_rank: int | None, total_params: int = 0
+) -> list[Problem]:
     """What this host must give the `ranks` ranks it starts besides devices: on the CPU platform its
     memory (the ranks, the torchrun agent and this launcher, `cpu.HostMemory`) and its cores
     (`cpu.host_problems`). Nothing for ranks on other machines (launcher=slurm: the plan runs where
     the job is submitted) or on accelerators (their memory is the device's, checked by the plan).
     `total_params`: the model's, for the launcher's verification of an HF export."""
-    from qwen3exp.config.schema import HFExport, HFRoundtrip
-    from qwen3exp.platforms import cpu
-
-    if facts.name != "cpu" or exp.launcher.kind != "local":
+    module = BY_NAME.get(facts.name)
+    if module is None:
         return []
-    ranks_key = "launcher.nproc_per_node" if exp.launcher.nproc_per_node else "platform.ranks_per_node"
-    threads_given = exp.platform.name == "cpu" and exp.platform.threads_per_rank is not None
-    export = exp.checkpoint.dtype if isinstance(exp.checkpoint, HFExport | HFRoundtrip) else None
-    return cpu.host_problems(facts, ranks=ranks, plan_bytes_per_rank=plan_bytes_per_rank, ranks_key=ranks_key,
-                             threads_given=threads_given, kernels_active=exp.kernels.active,
-                             export_dtype_bytes={"float32": 4, "bfloat16": 2, "float16": 2}.get(export or "", 0),
-                             total_params=total_params)
+    return module.launch_problems(
+        exp, facts, ranks=ranks, plan_bytes_per_rank=plan_bytes_per_rank, total_params=total_params
+    )
 
 
 def prepare_worker(facts: PlatformFacts) -> None:
     """Run in each rank before the first torchtitan import."""
-    from qwen3exp.platforms import cpu, cuda, neuron
+    module = BY_NAME.get(facts.name)
+    if module is None:
+        raise RuntimeError(f"qwen3exp: unknown platform {facts.name!r} in platform.json")
+    module.prepare_worker(facts)
 
-    match facts.name:
-        case "cpu":
-            cpu.prepare_worker(facts)
-        case "cuda":
-            cuda.prepare_worker(facts)
-        case "neuron":
-            neuron.prepare_worker(facts)
-        case _:
-            raise RuntimeError(f"qwen3exp: unknown platform {facts.name!r} in platform.json")
+
+def device_names(facts: PlatformFacts) -> list[str]:
+    """This host's devices of the resolved platform, for provenance.json."""
+    module = BY_NAME.get(facts.name)
+    return module.device_names() if module else []
+
+
+def probed() -> dict[str, DeviceProbe]:
+    """The platforms with a device probe, by name (`python -m qwen3exp.titan.device_probe NAME`)."""
+    return {m.NAME: m.probe_device for m in PLATFORMS if m.probe_device is not None}

@@ -3,10 +3,11 @@
 Each adaptation states the upstream behaviour it answers:
 1. Device type. `torchtitan/tools/utils.py` binds `device_type = _get_available_device_type() or
    "cuda"` at import, so on a CPU-only host torchtitan believes it has CUDA (`_cuda_setDevice`
-   error). `prepare_worker` makes torch report "cpu" before torchtitan is imported.
+   error). `prepare_worker` (in `cpu_device`, the rank's side) makes torch report "cpu" before
+   torchtitan is imported.
 2. Device module. torchtitan's memory monitor calls CUDA-style functions on the device module
    (`get_device_properties`, `memory_stats`, `reset_peak_memory_stats`, ...), which `torch.cpu` lacks.
-   `CpuDeviceModule` answers them with the process's real peak resident memory (VmHWM).
+   `cpu_device.CpuDeviceModule` answers them with the process's real peak resident memory (VmHWM).
 3. Attention. FlexAttention has no CPU backward and torchtitan 0.3.0 rejects `sdpa` for language
    models: the CPU uses qwen3exp's document-masked SDPA attention (`qwen3exp.titan.attention`).
 4. FSDP over gloo. torchtitan sets a gradient divide factor, which makes FSDP reduce with
@@ -26,14 +27,22 @@ core is refused.
 
 from __future__ import annotations
 
-import functools
 import os
-import platform as _platform
 from dataclasses import dataclass
 
+from qwen3exp.config.sections.checkpoint import HFExport, HFRoundtrip
+from qwen3exp.config.sections.launcher import LocalLauncher
+from qwen3exp.config.sections.platform import CpuPlatform
 from qwen3exp.errors import Problem
-from qwen3exp.platforms import PlatformFacts
+from qwen3exp.platforms.cpu_device import prepare_worker as prepare_worker  # the protocol's, where torch is
+from qwen3exp.platforms.host import available_memory, cpu_name, physical_memory
+from qwen3exp.platforms.variant import PlatformFacts, section_name
 from qwen3exp.units import GIB, MIB, gib
+
+SECTION = CpuPlatform
+NAME = section_name(SECTION)
+probe_device = None
+"""Nothing to probe: the launcher's own process sees the CPU the ranks get."""
 
 RANK_RUNTIME_BYTES = 1230 * MIB
 """What a CPU rank holds beyond its plan and the plan's transients: Python, torch, torchtitan, datasets.
@@ -87,23 +96,6 @@ OVERSUBSCRIPTION_LIMIT = 4
 """Threads per core beyond which a CPU launch is refused (from 1 it is a warning: slow, but it works)."""
 
 
-def _physical_memory() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def available_memory() -> int | None:
-    """MemAvailable from /proc/meminfo in bytes (what can be allocated without swapping); None
-    where there is no /proc (not Linux)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 @dataclass(frozen=True)
 class HostMemory:
     """What a CPU launch needs from this host's memory, by part (bytes of resident memory)."""
@@ -130,29 +122,45 @@ class HostMemory:
 
     def parts(self) -> str:
         transients = self.per_rank - RANK_RUNTIME_BYTES - self.plan_per_rank
-        text = (f"{self.ranks} rank(s) x {gib(self.per_rank)} ({gib(RANK_RUNTIME_BYTES)} per-process runtime: "
-                f"Python, torch, torchtitan + {gib(self.plan_per_rank)} plan + {gib(transients)} transients) + "
-                f"{gib(AGENT_BYTES)} torchrun agent + {gib(self.launcher)} this launcher = {gib(self.training)} "
-                "while training")
+        text = (
+            f"{self.ranks} rank(s) x {gib(self.per_rank)} ({gib(RANK_RUNTIME_BYTES)} per-process runtime: "
+            f"Python, torch, torchtitan + {gib(self.plan_per_rank)} plan + {gib(transients)} transients) + "
+            f"{gib(AGENT_BYTES)} torchrun agent + {gib(self.launcher)} this launcher = {gib(self.training)} "
+            "while training"
+        )
         if self.export:
             text += f"; then {gib(self.export)} in this launcher to verify the HF export (the model in float32)"
         return text
 
 
-def host_memory(*, ranks: int, plan_bytes_per_rank: int, kernels_active: bool = False,
-                export_dtype_bytes: int = 0, total_params: int = 0) -> HostMemory:
+def host_memory(
+    *,
+    ranks: int,
+    plan_bytes_per_rank: int,
+    kernels_active: bool = False,
+    export_dtype_bytes: int = 0,
+    total_params: int = 0,
+) -> HostMemory:
     """The parts of `HostMemory` for `ranks` CPU ranks of this plan. `kernels_active`: the launcher
     imports torchtitan to match kernel overrides; `export_dtype_bytes` (0: no HF export): bytes per
     parameter of the export the launcher verifies; `total_params`: the model's parameters."""
-    export = (LAUNCHER_TORCH_BYTES + (VERIFY_BYTES_PER_PARAM + export_dtype_bytes) * total_params
-              if export_dtype_bytes else 0)
-    return HostMemory(ranks, plan_bytes_per_rank, LAUNCHER_TORCH_BYTES if kernels_active else LAUNCHER_BYTES,
-                      export)
+    export = (
+        LAUNCHER_TORCH_BYTES + (VERIFY_BYTES_PER_PARAM + export_dtype_bytes) * total_params if export_dtype_bytes else 0
+    )
+    return HostMemory(ranks, plan_bytes_per_rank, LAUNCHER_TORCH_BYTES if kernels_active else LAUNCHER_BYTES, export)
 
 
-def host_problems(facts: PlatformFacts, *, ranks: int, plan_bytes_per_rank: int | None, ranks_key: str,
-                  threads_given: bool, kernels_active: bool = False, export_dtype_bytes: int = 0,
-                  total_params: int = 0) -> list[Problem]:
+def host_problems(
+    facts: PlatformFacts,
+    *,
+    ranks: int,
+    plan_bytes_per_rank: int | None,
+    ranks_key: str,
+    threads_given: bool,
+    kernels_active: bool = False,
+    export_dtype_bytes: int = 0,
+    total_params: int = 0,
+) -> list[Problem]:
     """This host's memory and cores against the `ranks` CPU ranks it is about to start. `ranks_key`:
     the key ranks per node came from; `threads_given`: platform.threads_per_rank was set;
     `plan_bytes_per_rank` None: the plan does not fit its per-rank budget (already a problem), so
@@ -160,52 +168,54 @@ def host_problems(facts: PlatformFacts, *, ranks: int, plan_bytes_per_rank: int 
     problems: list[Problem] = []
     available = available_memory()
     if plan_bytes_per_rank is not None and available is not None:
-        mem = host_memory(ranks=ranks, plan_bytes_per_rank=plan_bytes_per_rank, kernels_active=kernels_active,
-                          export_dtype_bytes=export_dtype_bytes, total_params=total_params)
+        mem = host_memory(
+            ranks=ranks,
+            plan_bytes_per_rank=plan_bytes_per_rank,
+            kernels_active=kernels_active,
+            export_dtype_bytes=export_dtype_bytes,
+            total_params=total_params,
+        )
         if mem.need > available:
             fit = max(0, (available - AGENT_BYTES - mem.launcher) // mem.per_rank)
             fit = fit if mem.export <= available else 0
-            problems.append(Problem(
-                ranks_key, ranks,
-                f"{ranks} CPU rank(s) need about {gib(mem.need)} of host memory ({mem.parts()}), but this host "
-                f"has {gib(available)} available (MemAvailable in /proc/meminfo)",
-                f"at most {fit} rank(s) on this host" if fit else "fewer ranks, on a host with more free memory",
-                "run fewer ranks per node (launcher.nproc_per_node) and more nodes (launcher.nnodes), or free "
-                "memory"))
+            problems.append(
+                Problem(
+                    ranks_key,
+                    ranks,
+                    f"{ranks} CPU rank(s) need about {gib(mem.need)} of host memory ({mem.parts()}), but this host "
+                    f"has {gib(available)} available (MemAvailable in /proc/meminfo)",
+                    f"at most {fit} rank(s) on this host" if fit else "fewer ranks, on a host with more free memory",
+                    "run fewer ranks per node (launcher.nproc_per_node) and more nodes (launcher.nnodes), or free "
+                    "memory",
+                )
+            )
     cores = facts.devices_per_node or 1
     threads = int(facts.env.get("QWEN3EXP_CPU_THREADS", "1"))
     if ranks * threads > OVERSUBSCRIPTION_LIMIT * cores:
         key, value = ("platform.threads_per_rank", threads) if threads_given and ranks <= cores else (ranks_key, ranks)
-        problems.append(Problem(
-            key, value,
-            f"{ranks} rank(s) x {threads} thread(s) = {ranks * threads} threads on the {cores} CPU core(s) this "
-            f"process may use (os.sched_getaffinity): more than {OVERSUBSCRIPTION_LIMIT} threads per core, so "
-            "every rank mostly waits for a core",
-            f"ranks x threads per rank at most {OVERSUBSCRIPTION_LIMIT * cores} ({OVERSUBSCRIPTION_LIMIT} per core)",
-            f"e.g. launcher.nproc_per_node={min(ranks, cores)} with platform.threads_per_rank=null "
-            "(cores / ranks each)"))
+        problems.append(
+            Problem(
+                key,
+                value,
+                f"{ranks} rank(s) x {threads} thread(s) = {ranks * threads} threads on the {cores} CPU core(s) this "
+                f"process may use (os.sched_getaffinity): more than {OVERSUBSCRIPTION_LIMIT} threads per core, so "
+                "every rank mostly waits for a core",
+                f"ranks x threads per rank at most {OVERSUBSCRIPTION_LIMIT * cores} ({OVERSUBSCRIPTION_LIMIT} per core)",
+                f"e.g. launcher.nproc_per_node={min(ranks, cores)} with platform.threads_per_rank=null "
+                "(cores / ranks each)",
+            )
+        )
     return problems
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return _platform.processor() or "cpu"
-
-
-def facts(cfg, *, nproc_per_node: int | None, reason: str) -> PlatformFacts:
+def facts(cfg, *, nproc_per_node: int | None, dry_run: bool = False, reason: str) -> PlatformFacts:
+    """The CPU's facts (a dry run sees the same CPU as a real launch, so `dry_run` changes nothing)."""
     ranks = nproc_per_node or cfg.ranks_per_node
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = cfg.threads_per_rank or max(1, cores // ranks)
-    mem = (int(cfg.memory_per_rank_gib * GIB) if cfg.memory_per_rank_gib
-           else _physical_memory() // ranks)
+    mem = int(cfg.memory_per_rank_gib * GIB) if cfg.memory_per_rank_gib else physical_memory() // ranks
     return PlatformFacts(
-        name="cpu",
+        name=NAME,
         reason=reason,
         device_type="cpu",
         dist_backend="gloo",
@@ -223,87 +233,33 @@ def facts(cfg, *, nproc_per_node: int | None, reason: str) -> PlatformFacts:
     )
 
 
-class CpuDeviceModule:
-    """The subset of the `torch.cuda` module API that torchtitan calls, for the CPU."""
-
-    def __init__(self):
-        import torch
-
-        self._cpu = torch.cpu
-
-    def __getattr__(self, name):
-        return getattr(self._cpu, name)
-
-    @staticmethod
-    def _status(field: str) -> int:
-        try:
-            with open("/proc/self/status") as f:
-                for line in f:
-                    if line.startswith(field + ":"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        return 0
-
-    def set_device(self, device) -> None:
-        pass
-
-    def current_device(self) -> int:
-        return 0
-
-    def device_count(self) -> int:
-        return 1
-
-    def get_device_name(self, device=None) -> str:
-        return cpu_name()
-
-    def get_device_properties(self, device=None):
-        from types import SimpleNamespace
-
-        return SimpleNamespace(name=cpu_name(), total_memory=_physical_memory())
-
-    def memory_stats(self, device=None) -> dict[str, int]:
-        peak = self._status("VmHWM")
-        return {"active_bytes.all.peak": peak, "reserved_bytes.all.peak": peak,
-                "num_alloc_retries": 0, "num_ooms": 0}
-
-    def reset_peak_memory_stats(self, device=None) -> None:
-        # Writing 5 to clear_refs resets the peak resident set size (VmHWM) of this process.
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-        except OSError:
-            pass
-
-    def empty_cache(self) -> None:
-        pass
-
-    def synchronize(self, device=None) -> None:
-        pass
-
-    def manual_seed(self, seed: int) -> None:
-        pass
-
-    def manual_seed_all(self, seed: int) -> None:
-        pass
-
-    def is_available(self) -> bool:
-        return True
+def experiment_problems(exp, facts: PlatformFacts) -> list[Problem]:
+    if exp.model.attention == "flex":  # every model backend has `attention`
+        return [Problem("model.attention", "flex", "FlexAttention has no backward on the CPU", "auto, sdpa")]
+    return []
 
 
-def prepare_worker(facts: PlatformFacts) -> None:
-    import torch
-    import torch._utils
+def launch_problems(
+    exp, facts: PlatformFacts, *, ranks: int, plan_bytes_per_rank: int | None, total_params: int = 0
+) -> list[Problem]:
+    """This host's memory and cores (`host_problems`) for the ranks a local launch starts here;
+    nothing for ranks on other machines (launcher=slurm: the plan runs where the job is submitted)."""
+    if not isinstance(exp.launcher, LocalLauncher):
+        return []
+    ranks_key = "launcher.nproc_per_node" if exp.launcher.nproc_per_node else "platform.ranks_per_node"
+    threads_given = isinstance(exp.platform, CpuPlatform) and exp.platform.threads_per_rank is not None
+    export = exp.checkpoint.dtype if isinstance(exp.checkpoint, HFExport | HFRoundtrip) else None
+    return host_problems(
+        facts,
+        ranks=ranks,
+        plan_bytes_per_rank=plan_bytes_per_rank,
+        ranks_key=ranks_key,
+        threads_given=threads_given,
+        kernels_active=exp.kernels.active,
+        export_dtype_bytes={"float32": 4, "bfloat16": 2, "float16": 2}.get(export or "", 0),
+        total_params=total_params,
+    )
 
-    if "torchtitan.tools.utils" in __import__("sys").modules:
-        raise RuntimeError("qwen3exp: the CPU platform must be prepared before torchtitan is imported")
-    torch.set_num_threads(int(facts.env.get("QWEN3EXP_CPU_THREADS", "1")))
-    module = CpuDeviceModule()
-    original = torch._utils._get_device_module
-    torch._utils._get_available_device_type = lambda: "cpu"
 
-    def device_module(device_type=None):
-        return module if device_type in (None, "cpu") else original(device_type)
-
-    # Cached like torch's own (functools.lru_cache(2)), so it is the same kind of object.
-    torch._utils._get_device_module = functools.lru_cache(2)(device_module)
+def device_names() -> list[str]:
+    return [cpu_name()]

@@ -13,20 +13,34 @@ check for the day one is available.
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 from typing import Any
 
+from qwen3exp.config.sections.platform import CudaPlatform
 from qwen3exp.errors import ConfigError, Problem
-from qwen3exp.platforms import PlatformFacts
+from qwen3exp.platforms import probe
+from qwen3exp.platforms.variant import ALLOWED, PeakFlops, PlatformFacts, section_name
 from qwen3exp.units import GIB
+
+SECTION = CudaPlatform
+NAME = section_name(SECTION)
+
+
+def device_hint() -> str | None:
+    """Why a CUDA GPU may be present, or None when there is surely none (no torch import)."""
+    devices = sorted(glob.glob("/dev/nvidia[0-9]*"))
+    if devices:
+        return f"{devices[0]} exists"
+    if glob.glob("/proc/driver/nvidia/gpus/*"):
+        return "the NVIDIA driver lists GPUs"
+    return None
 
 
 def facts(cfg, *, nproc_per_node: int | None, dry_run: bool, reason: str) -> PlatformFacts:
-    from qwen3exp.platforms import probe
-
-    hint = probe.cuda_hint()
-    info: dict[str, Any] = probe.probe("cuda") if hint else {"error": "no /dev/nvidia* device"}
+    hint = device_hint()
+    info: dict[str, Any] = probe.probe(NAME) if hint else {"error": "no /dev/nvidia* device"}
     count = int(info.get("count") or 0) if info.get("available") else 0
     if count:
         checked = True
@@ -35,22 +49,38 @@ def facts(cfg, *, nproc_per_node: int | None, dry_run: bool, reason: str) -> Pla
         name, peak = info.get("name"), info.get("peak_flops")
         reason += f"; {count} GPU(s) checked ({name})"
         if ranks > count:
-            raise ConfigError([Problem("platform.gpus_per_node", cfg.gpus_per_node,
-                                       f"more ranks than visible GPUs ({count})", f"1..{count}")])
+            raise ConfigError(
+                [
+                    Problem(
+                        "platform.gpus_per_node",
+                        cfg.gpus_per_node,
+                        f"more ranks than visible GPUs ({count})",
+                        f"1..{count}",
+                    )
+                ]
+            )
     elif dry_run:
         checked, name, peak = False, None, None
         ranks = cfg.gpus_per_node or cfg.assumed_gpus_per_node
         memory = int((cfg.memory_per_gpu_gib or cfg.assumed_memory_gib) * GIB)
-        reason += (f"; device not checked (dry run, {info.get('error') or 'no CUDA GPU visible'}): planned with "
-                   f"{ranks} GPU(s) of {memory / GIB:.0f} GiB")
+        reason += (
+            f"; device not checked (dry run, {info.get('error') or 'no CUDA GPU visible'}): planned with "
+            f"{ranks} GPU(s) of {memory / GIB:.0f} GiB"
+        )
     else:
-        raise ConfigError([Problem(
-            "platform", "cuda",
-            f"no CUDA GPU is usable here ({info.get('error') or 'torch.cuda.is_available() is False'})",
-            "auto, cpu, cuda, neuron",
-            "use platform=auto or platform=cpu here; dry_run=true plans a GPU run without one")])
+        raise ConfigError(
+            [
+                Problem(
+                    "platform",
+                    NAME,
+                    f"no CUDA GPU is usable here ({info.get('error') or 'torch.cuda.is_available() is False'})",
+                    ALLOWED,
+                    "use platform=auto or platform=cpu here; dry_run=true plans a GPU run without one",
+                )
+            ]
+        )
     return PlatformFacts(
-        name="cuda",
+        name=NAME,
         reason=reason,
         device_type="cuda",
         dist_backend="nccl",
@@ -67,19 +97,86 @@ def facts(cfg, *, nproc_per_node: int | None, dry_run: bool, reason: str) -> Pla
     )
 
 
+def detect(*, nproc_per_node: int | None, dry_run: bool) -> PlatformFacts | str:
+    """platform=auto: a GPU torch sees (probed), or why there is none."""
+    hint = device_hint()
+    if hint is None:
+        return "no CUDA GPU (no /dev/nvidia* device)"
+    info = probe.probe(NAME)
+    if info.get("available") and info.get("count", 0) > 0:
+        return facts(
+            SECTION(),
+            nproc_per_node=nproc_per_node,
+            dry_run=dry_run,
+            reason=f"platform=auto: {info['count']} CUDA GPU(s) visible ({info.get('name')})",
+        )
+    return f"{hint} but torch sees no CUDA GPU ({info.get('error') or 'torch.cuda.is_available() is False'})"
+
+
+def experiment_problems(exp, facts: PlatformFacts) -> list[Problem]:
+    return []  # torchtitan's home ground: FlexAttention and the inductor backend work here
+
+
+def launch_problems(
+    exp, facts: PlatformFacts, *, ranks: int, plan_bytes_per_rank: int | None, total_params: int = 0
+) -> list[Problem]:
+    return []  # a GPU's memory is the device's, checked by the plan
+
+
+def device_names() -> list[str]:
+    import torch  # lazy: only when a CUDA run records its provenance
+
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+
+
+def probe_device(peak_flops: PeakFlops) -> dict:
+    """The probe process's answer (see `probe`): whether torch sees GPUs, how many, the first one's
+    name and memory, and the peak FLOPs torchtitan uses for MFU."""
+    out: dict = {
+        "kind": NAME,
+        "available": False,
+        "count": 0,
+        "name": None,
+        "total_memory": None,
+        "peak_flops": None,
+        "torch_cuda": None,
+        "error": None,
+    }
+    import torch  # lazy: only in the probe process
+
+    out["torch_cuda"] = torch.version.cuda
+    if torch.version.cuda is None:
+        out["error"] = f"torch {torch.__version__} was built without CUDA"
+        return out
+    out["available"] = torch.cuda.is_available()
+    if not out["available"]:
+        return out
+    out["count"] = torch.cuda.device_count()
+    props = torch.cuda.get_device_properties(0)
+    out["name"], out["total_memory"] = props.name, int(props.total_memory)
+    try:  # the peak torchtitan itself uses for MFU
+        out["peak_flops"] = float(peak_flops(props.name))
+    except Exception as e:  # noqa: BLE001 - MFU is optional; say why it is missing
+        out["error"] = f"no peak FLOPs for MFU: {type(e).__name__}: {e}"
+    return out
+
+
 def prepare_worker(facts: PlatformFacts) -> None:
     """Check, in each rank before torchtitan is imported, that CUDA is usable and has a GPU for
     every local rank; torchtitan then takes over with its defaults."""
     if any(m == "torchtitan" or m.startswith("torchtitan.") for m in sys.modules):
         raise RuntimeError("qwen3exp: the CUDA platform must be prepared before torchtitan is imported")
-    import torch
+    import torch  # lazy: torch loads only in the ranks
 
     if not torch.cuda.is_available():
-        raise RuntimeError(f"qwen3exp: torch.cuda.is_available() is False in this rank (torch {torch.__version__}, "
-                           f"CUDA {torch.version.cuda}, "
-                           f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+        raise RuntimeError(
+            f"qwen3exp: torch.cuda.is_available() is False in this rank (torch {torch.__version__}, "
+            f"CUDA {torch.version.cuda}, "
+            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
+        )
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     # One visible GPU per process (a per-rank CUDA_VISIBLE_DEVICES mask) is fine: torchtitan uses index 0.
     if torch.cuda.device_count() != 1 and torch.cuda.device_count() < local_world:
-        raise RuntimeError(f"qwen3exp: {local_world} ranks on this node but only "
-                           f"{torch.cuda.device_count()} visible GPU(s)")
+        raise RuntimeError(
+            f"qwen3exp: {local_world} ranks on this node but only {torch.cuda.device_count()} visible GPU(s)"
+        )

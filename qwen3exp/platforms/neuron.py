@@ -4,7 +4,7 @@ NOT RUN ON HARDWARE. No Trainium machine was reachable while this was written, a
 packages cannot be installed here (PyPI's `torch-neuronx` is a placeholder). This module is written
 against TorchNeuron's documented API and covered by contract tests that install a fake
 `torch_neuronx` (tests/fakes/); everything that imports the real packages sits behind the import
-check in `prepare_worker` and the probe.
+check in `prepare_worker` and the probe (both in `neuron_device`, the side where torch is imported).
 
 Each adaptation states the behaviour it answers:
 1. Device. TorchNeuron registers the PrivateUse1 device as `neuron` with a `torch.neuron` module
@@ -23,7 +23,7 @@ Each adaptation states the behaviour it answers:
 5. Ranks. One rank per logical NeuronCore: NEURON_LOGICAL_NC_CONFIG (platform.lnc, default 2 on
    trn2) groups physical cores; a trn2.48xlarge shows 64 logical cores at LNC=2. A real launch
    probes the device count with that setting and refuses a disagreement; a dry run plans with the
-   instance table (`qwen3exp.config.schema.INSTANCES`) and says the device was not checked.
+   instance table (`qwen3exp.config.sections.platform.INSTANCES`) and says the device was not checked.
 6. Processes. A forked child cannot re-initialise the Neuron runtime: torchrun starts fresh
    processes, and `prepare_worker` sets the multiprocessing start method to spawn for anything a
    rank starts itself (data-loader workers).
@@ -36,33 +36,38 @@ Each adaptation states the behaviour it answers:
 
 from __future__ import annotations
 
+import importlib.util
 import os
-import sys
+from pathlib import Path
 
-from qwen3exp.config.schema import INSTANCES
+from qwen3exp.config.sections.platform import INSTANCES, NeuronPlatform
 from qwen3exp.errors import ConfigError, Problem
-from qwen3exp.platforms import PlatformFacts
+from qwen3exp.platforms import probe
+from qwen3exp.platforms.host import machine
+from qwen3exp.platforms.neuron_device import (  # prepare_worker, probe_device: the protocol's, where torch is
+    INSTALL_HINT,
+    LNC_ENV,
+    prepare_worker as prepare_worker,
+    probe_device as probe_device,
+)
+from qwen3exp.platforms.variant import ALLOWED, PlatformFacts, section_name
 from qwen3exp.units import GIB
 
-LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
+SECTION = NeuronPlatform
+NAME = section_name(SECTION)
+
 CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
 RUN_DIR_CACHE = "neuron_cache"
 COMM_INIT_TIMEOUT_S = 1800
 
-# The CUDA-like functions torchtitan 0.3.0 calls on its device module.
-DEVICE_MODULE_API = ("is_available", "device_count", "set_device", "current_device", "get_device_name",
-                     "get_device_properties", "memory_stats", "reset_peak_memory_stats", "empty_cache",
-                     "synchronize")
 
-INSTALL_HINT = (
-    "install TorchNeuron from the Neuron pip repository (PyPI's torch-neuronx is a placeholder), "
-    "in a Python 3.12+ environment with PyTorch 2.14:\n"
-    "        python -m pip install \"torch-neuronx==2.14.*\" \"neuronx-cc==2.*\" nki "
-    "--extra-index-url https://pip.repos.neuron.amazonaws.com --extra-index-url https://download.pytorch.org/whl/cpu\n"
-    "      (or use an AWS Neuron Deep Learning AMI / container), then check with\n"
-    "        python -c \"import torch, torch_neuronx; print(torch.neuron.device_count())\"\n"
-    "      To plan without a Trainium machine, add dry_run=true."
-)
+def device_hint() -> str | None:
+    """Why a Neuron device may be usable, or None when torch_neuronx is not installed (no import)."""
+    try:
+        found = importlib.util.find_spec("torch_neuronx") is not None
+    except (ImportError, ValueError):
+        found = False
+    return "torch_neuronx is installed" if found else None
 
 
 def probe_env(cfg) -> dict[str, str]:
@@ -75,9 +80,17 @@ def _check_lnc_env(cfg) -> None:
     compiler and the runtime must use one LNC, and silently overriding the user's setting hides it."""
     current = os.environ.get(LNC_ENV)
     if current is not None and current != str(cfg.lnc):
-        raise ConfigError([Problem(
-            "platform.lnc", cfg.lnc, f"disagrees with {LNC_ENV}={current} in your environment",
-            "1, 2", f"set platform.lnc={current}, or unset {LNC_ENV}")])
+        raise ConfigError(
+            [
+                Problem(
+                    "platform.lnc",
+                    cfg.lnc,
+                    f"disagrees with {LNC_ENV}={current} in your environment",
+                    "1, 2",
+                    f"set platform.lnc={current}, or unset {LNC_ENV}",
+                )
+            ]
+        )
 
 
 def facts(cfg, *, nproc_per_node: int | None, dry_run: bool, reason: str) -> PlatformFacts:
@@ -85,8 +98,11 @@ def facts(cfg, *, nproc_per_node: int | None, dry_run: bool, reason: str) -> Pla
     _check_lnc_env(cfg)
     table = inst.logical_cores(cfg.lnc)
     expected = cfg.cores_per_node or table
-    source = ("platform.cores_per_node" if cfg.cores_per_node else
-              f"{cfg.instance_type}: {inst.chips} chip(s) x {inst.physical_cores_per_chip} cores / LNC {cfg.lnc}")
+    source = (
+        "platform.cores_per_node"
+        if cfg.cores_per_node
+        else f"{cfg.instance_type}: {inst.chips} chip(s) x {inst.physical_cores_per_chip} cores / LNC {cfg.lnc}"
+    )
     env = probe_env(cfg)
     run_dir_env: dict[str, str] = {}
     if cfg.compile_cache_dir:
@@ -98,14 +114,13 @@ def facts(cfg, *, nproc_per_node: int | None, dry_run: bool, reason: str) -> Pla
         checked = False
         reason += f"; device not checked (dry run): planned with {expected} logical cores ({source})"
     else:
-        from qwen3exp.platforms import probe
-
         # Not installed at all: say so without spending seconds on a probe that imports torch.
-        info = probe.probe("neuron", env) if probe.neuron_hint() else {"error": "No module named 'torch_neuronx'"}
+        info = probe.probe(NAME, env) if device_hint() else {"error": "No module named 'torch_neuronx'"}
         _require_device(cfg, info, expected, source)
         checked, name, total_memory = True, info.get("name") or name, info.get("total_memory")
-        reason += (f"; {info['count']} logical NeuronCores at LNC={cfg.lnc} checked "
-                   f"(torch-neuronx {info.get('version')})")
+        reason += (
+            f"; {info['count']} logical NeuronCores at LNC={cfg.lnc} checked (torch-neuronx {info.get('version')})"
+        )
     if cfg.hbm_per_core_gib:
         memory = int(cfg.hbm_per_core_gib * GIB)
     elif total_memory:
@@ -113,7 +128,7 @@ def facts(cfg, *, nproc_per_node: int | None, dry_run: bool, reason: str) -> Pla
     else:
         memory = int(inst.hbm_per_logical_core_gib(cfg.lnc) * GIB)
     return PlatformFacts(
-        name="neuron",
+        name=NAME,
         reason=reason,
         device_type="neuron",
         dist_backend="neuron",
@@ -137,74 +152,99 @@ def _require_device(cfg, info: dict, expected: int, source: str) -> None:
     """The preflight of a real launch: torch_neuronx imports, NeuronCores are visible, and their
     number agrees with the LNC setting."""
     if not info.get("importable"):
-        raise ConfigError([Problem(
-            "platform", "neuron", f"torch_neuronx cannot be imported ({info.get('error') or 'not installed'})",
-            "auto, cpu, cuda, neuron", INSTALL_HINT)])
+        raise ConfigError(
+            [
+                Problem(
+                    "platform",
+                    NAME,
+                    f"torch_neuronx cannot be imported ({info.get('error') or 'not installed'})",
+                    ALLOWED,
+                    INSTALL_HINT,
+                )
+            ]
+        )
     count = int(info.get("count") or 0)
     if not info.get("available") or count == 0:
-        raise ConfigError([Problem(
-            "platform", "neuron",
-            f"torch_neuronx {info.get('version')} imports but no NeuronCore is visible"
-            + (f" ({info['error']})" if info.get("error") else ""),
-            "auto, cpu, cuda, neuron",
-            "check the Neuron driver and runtime with neuron-ls; NEURON_RT_VISIBLE_CORES or "
-            "NEURON_RT_NUM_CORES in platform.runtime_env restrict what a process sees")])
+        raise ConfigError(
+            [
+                Problem(
+                    "platform",
+                    NAME,
+                    f"torch_neuronx {info.get('version')} imports but no NeuronCore is visible"
+                    + (f" ({info['error']})" if info.get("error") else ""),
+                    ALLOWED,
+                    "check the Neuron driver and runtime with neuron-ls; NEURON_RT_VISIBLE_CORES or "
+                    "NEURON_RT_NUM_CORES in platform.runtime_env restrict what a process sees",
+                )
+            ]
+        )
     if count != expected:
         other = {lnc: INSTANCES[cfg.instance_type].logical_cores(lnc) for lnc in (1, 2) if lnc != cfg.lnc}
-        hint = next((f"{count} logical cores is what LNC={lnc} gives on {cfg.instance_type}: "
-                     f"set platform.lnc={lnc}, or check {LNC_ENV} in the runtime" for lnc, n in other.items()
-                     if n == count), None)
-        raise ConfigError([Problem(
-            "platform.lnc", cfg.lnc,
-            f"the LNC setting disagrees with the device count: expected {expected} logical NeuronCores "
-            f"({source}), the runtime shows {count} with {LNC_ENV}={cfg.lnc}", "1, 2",
-            hint or "on another instance type set platform.instance_type, or platform.cores_per_node "
-                    f"to the number of logical cores (here {count})")])
+        hint = next(
+            (
+                f"{count} logical cores is what LNC={lnc} gives on {cfg.instance_type}: "
+                f"set platform.lnc={lnc}, or check {LNC_ENV} in the runtime"
+                for lnc, n in other.items()
+                if n == count
+            ),
+            None,
+        )
+        raise ConfigError(
+            [
+                Problem(
+                    "platform.lnc",
+                    cfg.lnc,
+                    f"the LNC setting disagrees with the device count: expected {expected} logical NeuronCores "
+                    f"({source}), the runtime shows {count} with {LNC_ENV}={cfg.lnc}",
+                    "1, 2",
+                    hint
+                    or "on another instance type set platform.instance_type, or platform.cores_per_node "
+                    f"to the number of logical cores (here {count})",
+                )
+            ]
+        )
 
 
-# ----------------------------------------------------------------------------- worker side
-def prepare_worker(facts: PlatformFacts) -> None:
-    """In each rank, before torchtitan is imported: import torch_neuronx, check the device and the
-    LNC the runtime got, make torchtitan pick device `neuron` and process-group backend `neuron`."""
-    if any(m == "torchtitan" or m.startswith("torchtitan.") for m in sys.modules):
-        raise RuntimeError("qwen3exp: the Neuron platform must be prepared before torchtitan is imported")
-    lnc = os.environ.get(LNC_ENV)
-    if facts.lnc is not None and lnc != str(facts.lnc):
-        raise RuntimeError(f"qwen3exp: this rank has {LNC_ENV}={lnc!r} but the run was planned with LNC={facts.lnc}")
-    import torch
+def detect(*, nproc_per_node: int | None, dry_run: bool) -> PlatformFacts | str:
+    """platform=auto: NeuronCores torch_neuronx sees (a dry run: torch_neuronx installed), or why not."""
+    hint = device_hint()
+    if hint is None:
+        return "torch_neuronx is not installed"
+    if dry_run:
+        return facts(SECTION(), nproc_per_node=nproc_per_node, dry_run=True, reason=f"platform=auto: {hint}")
+    cfg = SECTION()
+    info = probe.probe(NAME, probe_env(cfg))
+    if info.get("importable") and info.get("available") and info.get("count", 0) > 0:
+        return facts(
+            cfg,
+            nproc_per_node=nproc_per_node,
+            dry_run=False,
+            reason=f"platform=auto: {info['count']} NeuronCore(s) visible ({info.get('name')})",
+        )
+    return f"{hint} but no NeuronCore is usable ({info.get('error') or 'torch.neuron.is_available() is False'})"
 
-    try:
-        import torch_neuronx  # noqa: F401 - registers the neuron device, torch.neuron and the backend
-    except Exception as e:  # noqa: BLE001 - ImportError, or PyPI's placeholder raising at import
-        raise RuntimeError(f"qwen3exp: torch_neuronx cannot be imported ({type(e).__name__}: {e}); "
-                           + INSTALL_HINT) from e
-    if torch._C._get_privateuse1_backend_name() != "neuron" or not hasattr(torch, "neuron"):
-        raise RuntimeError("qwen3exp: torch_neuronx imported but did not register the 'neuron' device "
-                           f"(PrivateUse1 is {torch._C._get_privateuse1_backend_name()!r})")
-    module = torch.neuron
-    missing = [f for f in DEVICE_MODULE_API if not hasattr(module, f)]
-    if missing:
-        raise RuntimeError(f"qwen3exp: torch.neuron lacks {', '.join(missing)}, which torchtitan calls")
-    if not module.is_available():
-        raise RuntimeError("qwen3exp: torch.neuron.is_available() is False in this rank")
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    count = module.device_count()
-    # One visible core per process (a per-rank NEURON_RT_VISIBLE_CORES mask) is fine: torchtitan uses index 0.
-    if count != 1 and count < local_world:
-        raise RuntimeError(f"qwen3exp: {local_world} ranks on this node but torch.neuron.device_count() is {count}")
 
-    import torch._utils
-    import torch.distributed as dist
+def experiment_problems(exp, facts: PlatformFacts) -> list[Problem]:
+    if exp.model.attention == "flex":  # every model backend has `attention`
+        return [
+            Problem(
+                "model.attention",
+                "flex",
+                "FlexAttention is not available on Neuron (it has only an "
+                "inductor lowering; torchtitan refuses to compile it with backend 'neuron')",
+                "auto, sdpa",
+            )
+        ]
+    return []
 
-    # torchtitan binds its device at import from this function (cuda first): pin it to neuron.
-    torch._utils._get_available_device_type = lambda: "neuron"
-    if getattr(dist.Backend, facts.dist_backend.upper(), None) is None:
-        raise RuntimeError(f"qwen3exp: torch_neuronx did not register the {facts.dist_backend!r} "
-                           "process-group backend")
-    # torchtitan asks this map for the device's backend and falls back to nccl when it is missing.
-    dist.Backend.default_device_backend_map[facts.device_type] = facts.dist_backend
 
-    import multiprocessing
+def launch_problems(
+    exp, facts: PlatformFacts, *, ranks: int, plan_bytes_per_rank: int | None, total_params: int = 0
+) -> list[Problem]:
+    return []  # NeuronCore memory is the device's, checked by the plan
 
-    # A forked child cannot re-initialise the Neuron runtime.
-    multiprocessing.set_start_method("spawn", force=True)
+
+def device_names() -> list[str]:
+    # One /dev/neuronN per Neuron device; the instance type names the chip generation.
+    devices = sorted(p.name for p in Path("/dev").glob("neuron[0-9]*"))
+    return [f"{machine() or 'neuron'}: {d}" for d in devices]

@@ -1,7 +1,8 @@
 """Finding devices: cheap hints (no torch import) and a short-lived probe subprocess.
 
-The launcher asks `cuda_hint()` / `neuron_hint()` first, which only look at the file system and the
-installed packages, so on a machine without accelerators nothing heavy runs. Where a device may
+The launcher asks each platform's cheap hint first (`cuda.device_hint()`, `neuron.device_hint()`), which
+only looks at the file system and the installed packages, so on a machine without accelerators
+nothing heavy runs. Where a device may
 exist, `probe(kind, env)` runs `python -m qwen3exp.titan.device_probe KIND` and reads one JSON line.
 The probe body imports torch (and, for the peak FLOPs of MFU, torchtitan), so it lives in the
 torchtitan adapter layer; this module names it by module name only and never imports it.
@@ -15,8 +16,6 @@ it sees the devices as the ranks will.
 
 from __future__ import annotations
 
-import glob
-import importlib.util
 import json
 import os
 import subprocess
@@ -27,25 +26,6 @@ PROBE_TIMEOUT_S = 300.0
 PROBE_MODULE = "qwen3exp.titan.device_probe"
 """Run as `python -m PROBE_MODULE KIND` (a name, not an import: no torch in this process)."""
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
-
-
-def cuda_hint() -> str | None:
-    """Why a CUDA GPU may be present, or None when there is surely none (no torch import)."""
-    devices = sorted(glob.glob("/dev/nvidia[0-9]*"))
-    if devices:
-        return f"{devices[0]} exists"
-    if glob.glob("/proc/driver/nvidia/gpus/*"):
-        return "the NVIDIA driver lists GPUs"
-    return None
-
-
-def neuron_hint() -> str | None:
-    """Why a Neuron device may be usable, or None when torch_neuronx is not installed."""
-    try:
-        found = importlib.util.find_spec("torch_neuronx") is not None
-    except (ImportError, ValueError):
-        found = False
-    return "torch_neuronx is installed" if found else None
 
 
 _cache: dict[tuple, dict] = {}
@@ -61,12 +41,22 @@ def probe(kind: str, env: dict[str, str] | None = None) -> dict:
     if key in _cache:
         return _cache[key]
     try:
-        proc = subprocess.run([sys.executable, "-m", PROBE_MODULE, kind], env=full_env,
-                              capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+        proc = subprocess.run(
+            [sys.executable, "-m", PROBE_MODULE, kind],
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+        )
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-        result = json.loads(lines[-1]) if lines else {
-            "error": f"the {kind} probe exited with code {proc.returncode}: "
-                     f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]}"}
+        result = (
+            json.loads(lines[-1])
+            if lines
+            else {
+                "error": f"the {kind} probe exited with code {proc.returncode}: "
+                f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]}"
+            }
+        )
     except subprocess.TimeoutExpired:
         result = {"error": f"the {kind} probe did not answer within {PROBE_TIMEOUT_S:.0f} s"}
     _cache[key] = result

@@ -31,27 +31,35 @@ A launch owns its directory from the moment `claim()` returns until `Claim.relea
 from __future__ import annotations
 
 import errno
-import fcntl
-import json
 import os
 import shutil
-import socket
-import stat
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwen3exp.errors import ConfigError, Problem
-from qwen3exp.run import rundir
+from qwen3exp.run import lockfile, rundir
 
 LOCK = ".qwen3exp.lock"
 BOOKKEEPING = frozenset({rundir.HYDRA, "qwen3exp.log", "multirun.yaml"})
 """Entries a launch that never started may leave behind (Hydra's job files, job log and sweep
 record; a launch SIGKILLed while it planned): a folder holding only these and a qwen3exp lock file
 counts as empty. Without a lock file they are somebody else's (a Hydra app's `.hydra/`)."""
-OURS = BOOKKEEPING | {".qwen3exp-sweep.jsonl", rundir.EXPERIMENT, rundir.PLATFORM, rundir.TORCHTITAN_CONFIG,
-                      rundir.COMMAND, rundir.SUMMARY, rundir.METRICS, rundir.PLAN, rundir.OVERRIDES_APPLIED,
-                      rundir.LOGS, rundir.PROVENANCE, rundir.GIT_DIFF, "tb", "comm_traces"}
+OURS = BOOKKEEPING | {
+    ".qwen3exp-sweep.jsonl",
+    rundir.EXPERIMENT,
+    rundir.PLATFORM,
+    rundir.TORCHTITAN_CONFIG,
+    rundir.COMMAND,
+    rundir.SUMMARY,
+    rundir.METRICS,
+    rundir.PLAN,
+    rundir.OVERRIDES_APPLIED,
+    rundir.LOGS,
+    rundir.PROVENANCE,
+    rundir.GIT_DIFF,
+    "tb",
+    "comm_traces",
+}
 """What a launch writes before its ranks train (a refusal by torchtitan's own checks in the ranks
 comes after the run files are written): all that a discarded launch removes, with its lock file.
 Anything else that appeared meanwhile was written by another program and stays."""
@@ -63,10 +71,6 @@ and put back by a discard (Hydra's sweeper rewrites multirun.yaml before the lau
 def lock_name(node_rank: int | None = None) -> str:
     """The lock file of this node's launcher (multi-node runs: one lock per node in one folder)."""
     return LOCK if not node_rank else f".qwen3exp.node{node_rank}.lock"
-
-
-def _is_lock(name: str) -> bool:
-    return name.startswith(".qwen3exp.") and name.endswith(".lock")
 
 
 @dataclass
@@ -106,7 +110,7 @@ class Claim:
             return
         if self.path.is_dir():
             for entry in self.path.iterdir():
-                if entry.name in self.before or not (entry.name in OURS or _is_lock(entry.name)):
+                if entry.name in self.before or not (entry.name in OURS or lockfile.is_lock(entry.name)):
                     continue  # there before the launch, or another program's: never touched
                 if entry.is_dir() and not entry.is_symlink():
                     shutil.rmtree(entry, ignore_errors=True)
@@ -131,8 +135,10 @@ class Claim:
             names = os.listdir(self.path)
         except OSError:
             return False
-        return any(_is_lock(n) and n != self.lock and (n not in self.before or _held(self.path / n))
-                   for n in names)
+        return any(
+            lockfile.is_lock(n) and n != self.lock and (n not in self.before or lockfile.held(self.path / n))
+            for n in names
+        )
 
     def __enter__(self) -> Claim:
         return self
@@ -147,8 +153,17 @@ def claim(path: Path | str, *, key: str = "hydra.run.dir", lock: str = LOCK, run
     run this node's launcher belongs to (recorded in its lock file for the other nodes)."""
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise ConfigError([Problem(key, str(path), "is a file, not a directory", "a new or empty directory",
-                                   "choose another name=... or hydra.run.dir=...")])
+        raise ConfigError(
+            [
+                Problem(
+                    key,
+                    str(path),
+                    "is a file, not a directory",
+                    "a new or empty directory",
+                    "choose another name=... or hydra.run.dir=...",
+                )
+            ]
+        )
     created = _makedirs(path, key)
     c = Claim(path, key, created, lock=lock, run=run)
     try:
@@ -197,96 +212,42 @@ def _undo(made: list[Path]) -> None:
 
 def _lock(lock_path: Path, key: str, run: str | None) -> int:
     run_dir = lock_path.parent
-    while True:
-        try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        except OSError as e:
-            raise ConfigError([_os_problem(key, run_dir, e)]) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _holder(fd)
-            os.close(fd)
-            raise ConfigError([Problem(
-                key, str(run_dir), f"is in use by another qwen3exp launch ({holder})",
-                "a directory no other launch is using",
-                "wait for that launch to end, or choose another name=... / hydra.run.dir=...")]) from None
-        # The lock file we locked must still be the one at that path (it is never deleted by us,
-        # but a user may have removed it while we opened it).
-        try:
-            same = os.fstat(fd).st_ino == os.stat(lock_path, follow_symlinks=False).st_ino
-        except OSError:
-            same = False
-        if not same:
-            os.close(fd)
-            continue
-        try:
-            os.ftruncate(fd, 0)
-            record = {"pid": os.getpid(), "host": socket.gethostname(),
-                      "since": time.strftime("%Y-%m-%d %H:%M:%S"), **({"run": run} if run else {})}
-            os.write(fd, (json.dumps(record) + "\n").encode())
-        except OSError as e:
-            os.close(fd)
-            raise ConfigError([_os_problem(key, run_dir, e)]) from None
-        return fd
-
-
-def _open_lock(lock_path: Path) -> int | None:
-    """Another launch's lock file, opened for reading (None: gone, a link, not a plain file)."""
     try:
-        fd = os.open(lock_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return None
-    return fd
-
-
-def _held(lock_path: Path) -> bool:
-    """Whether a live launcher holds this lock file now."""
-    if (fd := _open_lock(lock_path)) is None:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except OSError as e:
-        return isinstance(e, BlockingIOError)
-    finally:
-        os.close(fd)  # also drops the shared lock taken to test it
-
-
-def _recorded_run(lock_path: Path) -> str | None:
-    """The multi-node run identity a lock file records (None: none, or not a lock file of ours)."""
-    if (fd := _open_lock(lock_path)) is None:
-        return None
-    try:
-        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(fd)
-    run = info.get("run") if isinstance(info, dict) else None
-    return run if isinstance(run, str) else None
-
-
-def _holder(fd: int) -> str:
-    try:
-        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
-        return f"pid {info['pid']} on {info['host']}, since {info['since']}"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "its launcher holds the lock"
+        return lockfile.acquire(lock_path, run)
+    except lockfile.Held as e:
+        raise ConfigError(
+            [
+                Problem(
+                    key,
+                    str(run_dir),
+                    f"is in use by another qwen3exp launch ({e})",
+                    "a directory no other launch is using",
+                    "wait for that launch to end, or choose another name=... / hydra.run.dir=...",
+                )
+            ]
+        ) from None
+    except lockfile.Unwritable as e:
+        raise ConfigError([_os_problem(key, run_dir, e.error)]) from None
 
 
 def _os_problem(key: str, path: Path, e: OSError) -> Problem:
-    why = {errno.EACCES: "permission denied", errno.EPERM: "permission denied",
-           errno.EROFS: "the file system is read-only", errno.ENOSPC: "the disk is full",
-           errno.EDQUOT: "the disk quota is exhausted", errno.ENOTDIR: "a part of the path is a file",
-           errno.ENAMETOOLONG: "the name is too long"}.get(e.errno or 0, e.strerror or type(e).__name__)
+    why = {
+        errno.EACCES: "permission denied",
+        errno.EPERM: "permission denied",
+        errno.EROFS: "the file system is read-only",
+        errno.ENOSPC: "the disk is full",
+        errno.EDQUOT: "the disk quota is exhausted",
+        errno.ENOTDIR: "a part of the path is a file",
+        errno.ENAMETOOLONG: "the name is too long",
+    }.get(e.errno or 0, e.strerror or type(e).__name__)
     where = f" ({e.filename})" if getattr(e, "filename", None) and str(e.filename) != str(path) else ""
-    return Problem(key, str(path), f"cannot be created or written: {why}{where}",
-                   "a directory this user can create and write",
-                   "choose another name=... or hydra.run.dir=... on a writable file system")
+    return Problem(
+        key,
+        str(path),
+        f"cannot be created or written: {why}{where}",
+        "a directory this user can create and write",
+        "choose another name=... or hydra.run.dir=... on a writable file system",
+    )
 
 
 def _kept(path: Path, names: frozenset[str]) -> dict[str, bytes]:
@@ -305,8 +266,8 @@ def foreign_entries(c: Claim) -> list[str]:
     """The entries of a claimed directory that make it 'not empty' for a new run. Lock files do not
     count, nor the bookkeeping of a launch that never started, when a qwen3exp lock file says a
     launch of ours left it (without one, a `.hydra/` is a Hydra app's)."""
-    ours = any(_is_lock(n) for n in c.before)
-    return sorted(n for n in c.before if not _is_lock(n) and not (ours and n in BOOKKEEPING))
+    ours = any(lockfile.is_lock(n) for n in c.before)
+    return sorted(n for n in c.before if not lockfile.is_lock(n) and not (ours and n in BOOKKEEPING))
 
 
 def _listed(names: list[str]) -> str:
@@ -315,8 +276,12 @@ def _listed(names: list[str]) -> str:
 
 def other_runs(c: Claim) -> set[str]:
     """The multi-node run identities the other lock files in a claimed directory record."""
-    return {run for n in c.before if _is_lock(n) and n != c.lock
-            if (run := _recorded_run(c.path / n)) is not None}
+    return {
+        run
+        for n in c.before
+        if lockfile.is_lock(n) and n != c.lock
+        if (run := lockfile.recorded_run(c.path / n)) is not None
+    }
 
 
 def not_a_run_problem(c: Claim) -> Problem | None:
@@ -332,19 +297,24 @@ def not_a_run_problem(c: Claim) -> Problem | None:
     if c.run in runs:
         return None  # another node's launcher of this run has started writing it
     if rundir.CHECKPOINT in names:
-        message = (f"holds a {rundir.CHECKPOINT}/ but no {rundir.EXPERIMENT} of the run that wrote it "
-                   f"({shown}); a checkpoint is resumed only next to its own run's {rundir.EXPERIMENT} "
-                   "(DCP checkpoints are pickles: qwen3exp loads none it did not record)")
+        message = (
+            f"holds a {rundir.CHECKPOINT}/ but no {rundir.EXPERIMENT} of the run that wrote it "
+            f"({shown}); a checkpoint is resumed only next to its own run's {rundir.EXPERIMENT} "
+            "(DCP checkpoints are pickles: qwen3exp loads none it did not record)"
+        )
     elif runs:
-        message = (f"is being written by another node's launcher of a different experiment (run identity "
-                   f"{', '.join(sorted(r[:12] for r in runs))}, this node's {c.run[:12] if c.run else '?'}; "
-                   f"it holds {shown})")
-        fix = ("start every node with the same settings (only launcher.node_rank differs), "
-               "or choose another hydra.run.dir=...")
+        message = (
+            f"is being written by another node's launcher of a different experiment (run identity "
+            f"{', '.join(sorted(r[:12] for r in runs))}, this node's {c.run[:12] if c.run else '?'}; "
+            f"it holds {shown})"
+        )
+        fix = (
+            "start every node with the same settings (only launcher.node_rank differs), "
+            "or choose another hydra.run.dir=..."
+        )
     else:
         message = f"already holds files that are not a qwen3exp run ({shown}); they are never overwritten"
-    return Problem(c.key, str(c.path), message, "a new or empty directory, or a qwen3exp run of this experiment",
-                   fix)
+    return Problem(c.key, str(c.path), message, "a new or empty directory, or a qwen3exp run of this experiment", fix)
 
 
 SWEEP_FILE = "multirun.yaml"
@@ -358,53 +328,10 @@ def not_a_sweep_problem(c: Claim) -> Problem | None:
     names = foreign_entries(c)
     if not names or SWEEP_FILE in names or SWEEP_MANIFEST in names or rundir.looks_like_run(c.path):
         return None
-    return Problem(c.key, str(c.path),
-                   f"already holds files that are not a qwen3exp sweep ({_listed(names)}); they are never overwritten",
-                   "a new or empty directory, or an earlier sweep's directory (resume)",
-                   "drop hydra.sweep.dir=... (a new timestamped directory) or pass a new one")
-
-
-def disk_problem(key: str, path: Path, need_bytes: int) -> Problem | None:
-    """Too little free space on `path`'s file system for what the run will write."""
-    p = Path(path).absolute()
-    while not p.exists() and p.parent != p:
-        p = p.parent
-    try:
-        free = shutil.disk_usage(p).free
-    except OSError:
-        return None
-    if free >= need_bytes:
-        return None
-    return Problem(key, str(path), f"its file system has {_size(free)} free but the run writes about "
-                   f"{_size(need_bytes)} (logs, metrics and, when on, checkpoints and exports)",
-                   f"a file system with at least {_size(need_bytes)} free",
-                   "free some space, or choose hydra.run.dir=... on another disk")
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} bytes"
-
-
-_STATE_BYTES_PER_PARAM = 4 + 8
-"""A DCP checkpoint holds float32 weights plus AdamW's two float32 moments per parameter."""
-_EXPORT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-_BASE_BYTES = 32 << 20
-"""Logs, metrics, TensorBoard events, the resolved files: a few MiB for a short run; 32 MiB of room."""
-
-
-def estimate_bytes(exp, total_params: int) -> int:
-    """What a run writes into its directory, from the plan's parameter count."""
-    from qwen3exp.config.schema import DcpCheckpoint, HFExport, HFRoundtrip
-
-    need = _BASE_BYTES
-    match exp.checkpoint:
-        case DcpCheckpoint(interval=interval, keep_latest_k=k):
-            saves = exp.training.steps // interval + 1
-            kept = saves if k == 0 else min(saves, k + 1)  # the newest may be written before the oldest goes
-            need += kept * total_params * _STATE_BYTES_PER_PARAM
-        case HFExport(dtype=dtype) | HFRoundtrip(dtype=dtype):
-            need += total_params * _EXPORT_BYTES[dtype]
-    return need
+    return Problem(
+        c.key,
+        str(c.path),
+        f"already holds files that are not a qwen3exp sweep ({_listed(names)}); they are never overwritten",
+        "a new or empty directory, or an earlier sweep's directory (resume)",
+        "drop hydra.sweep.dir=... (a new timestamped directory) or pass a new one",
+    )

@@ -81,7 +81,8 @@ class ConsoleHandler(logging.Handler):
                         out.write("\n" if tty else "")
                         ConsoleHandler._live_shown = False
                     tone = getattr(record, "tone", None) or (
-                        record.levelno if record.levelno >= logging.WARNING else None)
+                        record.levelno if record.levelno >= logging.WARNING else None
+                    )
                     out.write(_paint(text if colour else strip_ansi(text), tone, colour) + "\n")
                 out.flush()
         except Exception:
@@ -150,8 +151,10 @@ def _prints(log: logging.Logger) -> bool:
     while current is not None:
         for h in current.handlers:
             if isinstance(h, ConsoleHandler) or (
-                    isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
-                    and id(h.stream) in streams):
+                isinstance(h, logging.StreamHandler)
+                and not isinstance(h, logging.FileHandler)
+                and id(h.stream) in streams
+            ):
                 return True
         current = current.parent if current.propagate else None
     return False

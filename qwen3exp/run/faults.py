@@ -53,8 +53,9 @@ class Faults:
 
     @property
     def any(self) -> bool:
-        return any(s is not None for s in (self.raise_at_step, self.hang_at_step, self.kill_at_step,
-                                           self.stall_at_step))
+        return any(
+            s is not None for s in (self.raise_at_step, self.hang_at_step, self.kill_at_step, self.stall_at_step)
+        )
 
 
 def _int(env: Mapping[str, str], name: str) -> int | None:
@@ -72,8 +73,14 @@ def from_env(env: Mapping[str, str], run_dir=None) -> Faults:
     match = env.get(RUN_MATCH)
     if match and (run_dir is None or match not in str(run_dir)):
         return Faults()
-    return Faults(_int(env, RAISE_AT_STEP), _int(env, HANG_AT_STEP), _int(env, RANK), _int(env, KILL_AT_STEP),
-                  _int(env, STALL_AT_STEP), Path(run_dir) / rundir.LOGS if run_dir is not None else None)
+    return Faults(
+        _int(env, RAISE_AT_STEP),
+        _int(env, HANG_AT_STEP),
+        _int(env, RANK),
+        _int(env, KILL_AT_STEP),
+        _int(env, STALL_AT_STEP),
+        Path(run_dir) / rundir.LOGS if run_dir is not None else None,
+    )
 
 
 def install(trainer, faults: Faults, rank: int) -> None:

@@ -13,7 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qwen3exp.config.schema import Experiment, LocalLauncher
+from qwen3exp.config.schema import Experiment
+from qwen3exp.config.sections.launcher import LocalLauncher
 from qwen3exp.run import rundir
 
 
@@ -71,5 +72,10 @@ def differences(a: dict, b: dict) -> list[tuple[str, Any, Any]]:
 
 
 def _same_number(a, b) -> bool:
-    return isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
-        and not isinstance(b, bool) and a == b
+    return (
+        isinstance(a, (int, float))
+        and isinstance(b, (int, float))
+        and not isinstance(a, bool)
+        and not isinstance(b, bool)
+        and a == b
+    )

@@ -39,31 +39,65 @@ class Silenced:
 # The known non-actionable lines (torch, torchtitan, torchdata, transformers), on CPU, CUDA and the
 # Transformers backend. A Python warning's source line (the indented line after it) goes with it.
 SILENCED: tuple[Silenced, ...] = (
-    Silenced(r"initial_load_model_only=True has no effect without an initial_load_path", "torchtitan",
-             "torchtitan's default for its loader; qwen3exp sets initial_load_path exactly when the checkpoint "
-             "kind loads weights, and the plan says where they come from"),
-    Silenced(r"ENV\[TORCH_NCCL_ASYNC_ERROR_HANDLING\]", "torchtitan",
-             "torchtitan sets the variable from its own job config, as intended"),
-    Silenced(r"Error running lspci", "torchtitan",
-             "torchtitan's device-name probe; the platform line names the device"),
-    Silenced(r"Peak flops undefined for", "torchtitan",
-             "no known peak FLOPS for this device (CPU): MFU is recorded as null, not against an A100"),
-    Silenced(r"model\.safetensors\.index\.json not found at hf_assets_path", "torchtitan",
-             "qwen3exp completes the export itself (one file, or shards by checkpoint.max_shard_mb)"),
-    Silenced(r"CUDA graph capture is only supported on NVIDIA CUDA", "torchtitan",
-             "on CPU and Neuron the steps run eagerly, as intended"),
-    Silenced(r"Config field value of type \S+ may not be JSON serializable", "torchtitan",
-             "torchtitan's config printer; qwen3exp writes torchtitan_config.json itself"),
-    Silenced(r"DTensor random operators may not have complete support on cpu device mesh", "torch",
-             "the CPU mesh's random ops are only used for initialisation, seeded by training.seed"),
-    Silenced(r"DTensor manual_seed\(\) may not have complete support on cpu device mesh", "torch",
-             "as above: seeding on a CPU mesh works for what the run needs"),
-    Silenced(r"'set_vital' is deprecated", "torchdata",
-             "torchdata's StatefulDataLoader calls a deprecated torch API on its own"),
-    Silenced(r"^(Loading weights|Loading checkpoint shards)\b.*\d+/\d+", "transformers",
-             "a progress bar; qwen3exp says when weights load"),
-    Silenced(r"^Generating \w+ split\b", "datasets",
-             "a progress bar of the data cache being built; qwen3exp says when the data is prepared"),
+    Silenced(
+        r"initial_load_model_only=True has no effect without an initial_load_path",
+        "torchtitan",
+        "torchtitan's default for its loader; qwen3exp sets initial_load_path exactly when the checkpoint "
+        "kind loads weights, and the plan says where they come from",
+    ),
+    Silenced(
+        r"ENV\[TORCH_NCCL_ASYNC_ERROR_HANDLING\]",
+        "torchtitan",
+        "torchtitan sets the variable from its own job config, as intended",
+    ),
+    Silenced(
+        r"Error running lspci", "torchtitan", "torchtitan's device-name probe; the platform line names the device"
+    ),
+    Silenced(
+        r"Peak flops undefined for",
+        "torchtitan",
+        "no known peak FLOPS for this device (CPU): MFU is recorded as null, not against an A100",
+    ),
+    Silenced(
+        r"model\.safetensors\.index\.json not found at hf_assets_path",
+        "torchtitan",
+        "qwen3exp completes the export itself (one file, or shards by checkpoint.max_shard_mb)",
+    ),
+    Silenced(
+        r"CUDA graph capture is only supported on NVIDIA CUDA",
+        "torchtitan",
+        "on CPU and Neuron the steps run eagerly, as intended",
+    ),
+    Silenced(
+        r"Config field value of type \S+ may not be JSON serializable",
+        "torchtitan",
+        "torchtitan's config printer; qwen3exp writes torchtitan_config.json itself",
+    ),
+    Silenced(
+        r"DTensor random operators may not have complete support on cpu device mesh",
+        "torch",
+        "the CPU mesh's random ops are only used for initialisation, seeded by training.seed",
+    ),
+    Silenced(
+        r"DTensor manual_seed\(\) may not have complete support on cpu device mesh",
+        "torch",
+        "as above: seeding on a CPU mesh works for what the run needs",
+    ),
+    Silenced(
+        r"'set_vital' is deprecated",
+        "torchdata",
+        "torchdata's StatefulDataLoader calls a deprecated torch API on its own",
+    ),
+    Silenced(
+        r"^(Loading weights|Loading checkpoint shards)\b.*\d+/\d+",
+        "transformers",
+        "a progress bar; qwen3exp says when weights load",
+    ),
+    Silenced(
+        r"^Generating \w+ split\b",
+        "datasets",
+        "a progress bar of the data cache being built; qwen3exp says when the data is prepared",
+    ),
 )
 _COMPILED = tuple((re.compile(s.pattern), s) for s in SILENCED)
 

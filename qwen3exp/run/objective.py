@@ -18,8 +18,9 @@ def mean_tokens_per_second(rows: list[dict]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def value_of(metric: str, *, last_loss: float | None, val_loss: float | None,
-             tokens_per_second: float | None) -> float | None:
+def value_of(
+    metric: str, *, last_loss: float | None, val_loss: float | None, tokens_per_second: float | None
+) -> float | None:
     value = {"val_loss": val_loss, "last_loss": last_loss, "tokens_per_second": tokens_per_second}[metric]
     return value if value is not None and math.isfinite(value) else None
 

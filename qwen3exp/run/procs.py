@@ -50,7 +50,7 @@ def _ppid(pid: int) -> int | None:
     except OSError:
         return None
     # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     return int(fields[1]) if fields[0] != "Z" else None
 
 
@@ -80,8 +80,9 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def workers_of(run_dir: Path, module: str = "qwen3exp.worker.main",
-               exclude: AbstractSet[int] = frozenset()) -> list[int]:
+def workers_of(
+    run_dir: Path, module: str = "qwen3exp.worker.main", exclude: AbstractSet[int] = frozenset()
+) -> list[int]:
     """Live `python -m qwen3exp.worker.main RUN_DIR` processes of exactly this run directory: the argument
     after the module, resolved against the process's own working directory, must be `run_dir`
     (a run in runs/exp10 is not a run in runs/exp1)."""

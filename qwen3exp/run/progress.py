@@ -65,8 +65,14 @@ class Progress:
     """Reads metrics.jsonl as it grows (`poll`) and says each new row through `say(text, live)`.
     Rows already in the file when it is made (a resumed run's, up to its checkpoint) are not new."""
 
-    def __init__(self, metrics: Path, total_steps: int, say: Callable[[str, bool], None],
-                 *, now: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        metrics: Path,
+        total_steps: int,
+        say: Callable[[str, bool], None],
+        *,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.path = Path(metrics)
         self.total = total_steps
         self.say = say
@@ -111,8 +117,11 @@ class Progress:
         if "val_loss" in row and "loss" not in row:
             self.val_loss = row["val_loss"]
             ppl = row.get("val_perplexity")
-            self.say(f"qwen3exp: validation at step {step}: loss {_num(row['val_loss'])}"
-                     + (f", perplexity {ppl:,.1f}" if isinstance(ppl, int | float) else ""), False)
+            self.say(
+                f"qwen3exp: validation at step {step}: loss {_num(row['val_loss'])}"
+                + (f", perplexity {ppl:,.1f}" if isinstance(ppl, int | float) else ""),
+                False,
+            )
             return
         now = self.now()
         if self._first is None:
@@ -133,8 +142,7 @@ class Progress:
 
     def line(self, row: dict, now: float) -> str:
         step = row["step"]
-        parts = [f"step {step}/{self.total} ({100 * step // max(1, self.total)}%)",
-                 f"loss {_num(row.get('loss'))}"]
+        parts = [f"step {step}/{self.total} ({100 * step // max(1, self.total)}%)", f"loss {_num(row.get('loss'))}"]
         if self.val_loss is not None:
             parts.append(f"val {_num(self.val_loss)}")
         if isinstance(tps := row.get("tokens_per_second"), int | float):
@@ -159,8 +167,9 @@ class Watch:
     ranks to stop; the lines that follow are left out (the filter's rule) and kept in qwen3exp.log
     (torchrun's own output is in no rank's log file)."""
 
-    def __init__(self, metrics: Path, total_steps: int, *, verbose: bool, node_rank: int,
-                 stopping: Callable[[], bool]) -> None:
+    def __init__(
+        self, metrics: Path, total_steps: int, *, verbose: bool, node_rank: int, stopping: Callable[[], bool]
+    ) -> None:
         self.log = console.logger("qwen3exp.launch")
         self.ranks = console.logger("qwen3exp.ranks")
         self.filter = noise.RankFilter(verbose=verbose, stopping=stopping)

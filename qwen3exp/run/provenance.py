@@ -8,9 +8,7 @@ the numbers, the platform and device names, the host, the environment variables 
 ranks run, the full command line and the Hydra overrides.
 
 Secrets never land in a run directory: everything recorded from the environment or a command line
-goes through `redact_env` / `redact_argv` (also command.txt and plan.json's commands). They replace
-with `***` the value of every variable, flag or `key=value` whose name looks like a secret (see
-`is_secret_name`) and the `user:password@` of every URL.
+goes through `qwen3exp.run.redact`.
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform as _platform
-import re
 import shlex
 import socket
 import subprocess
@@ -27,34 +24,54 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from qwen3exp.platforms.cpu import cpu_name as _cpu_name
+from qwen3exp import platforms
+from qwen3exp.config.argv import CONF_DIR
+from qwen3exp.platforms.host import cpu_name, machine
 from qwen3exp.run import rundir
+from qwen3exp.run.redact import redact_argv, redact_env, redact_text
 
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("torch", "torchtitan", "transformers", "torch-neuronx", "neuronx-cc", "torch-xla",
-            "hydra-core", "omegaconf", "pydantic", "datasets", "tokenizers", "safetensors", "numpy",
-            "wandb", "qwen3exp")
+PACKAGES = (
+    "torch",
+    "torchtitan",
+    "transformers",
+    "torch-neuronx",
+    "neuronx-cc",
+    "torch-xla",
+    "hydra-core",
+    "omegaconf",
+    "pydantic",
+    "datasets",
+    "tokenizers",
+    "safetensors",
+    "numpy",
+    "wandb",
+    "qwen3exp",
+)
 _OPTIONAL = {"torch-neuronx", "neuronx-cc", "torch-xla", "wandb"}
 """Recorded only when installed."""
-ENV_PREFIXES = ("NEURON_", "CUDA_", "NCCL_", "FI_", "XLA_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "KMP_",
-                "HF_", "TRANSFORMERS_", "WANDB_", "SLURM_", "QWEN3EXP_", "MASTER_", "GLOO_", "TP_SOCKET")
-ENV_NAMES = ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "LD_LIBRARY_PATH", "PATH", "VIRTUAL_ENV",
-             "CONDA_PREFIX")
+ENV_PREFIXES = (
+    "NEURON_",
+    "CUDA_",
+    "NCCL_",
+    "FI_",
+    "XLA_",
+    "TORCH",
+    "PYTORCH_",
+    "OMP_",
+    "MKL_",
+    "KMP_",
+    "HF_",
+    "TRANSFORMERS_",
+    "WANDB_",
+    "SLURM_",
+    "QWEN3EXP_",
+    "MASTER_",
+    "GLOO_",
+    "TP_SOCKET",
+)
+ENV_NAMES = ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "LD_LIBRARY_PATH", "PATH", "VIRTUAL_ENV", "CONDA_PREFIX")
 _UNTRACKED_LISTED = 500
-
-REDACTED = "***"
-SECRET_WORDS = frozenset({"TOKEN", "KEY", "APIKEY", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL",
-                          "CREDS", "AUTH", "AUTHORIZATION", "COOKIE", "SESSION", "PRIVATE"})
-"""A name is secret when one of its words is one of these (a plural s ignored)."""
-SECRET_SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "APIKEY")
-"""... or when a word ends with one of these (HFTOKEN, DBPASSWORD: written without a separator).
-Only words that end no ordinary word are suffixes: KEY would match MONKEY and HOTKEY."""
-# NAME=VALUE or NAME: VALUE inside a longer string ("export HF_TOKEN=abc", "{'api_key': 'abc'}",
-# "?token=abc&x=1", "Authorization: Bearer abc"); where the value ends: `_secret_end`.
-_ASSIGNMENT = re.compile(r"(?<![\w.\-])(?P<name>[A-Za-z_][\w.\-]*+)(?P<sep>[\"']?\s*[=:]\s*)")
-"""A name starts where no name character precedes it and is taken whole (possessive): otherwise a
-long run of letters (a 100,000-character value) cost the search quadratic time (minutes)."""
-_QUOTED = re.compile(r"(?:(?:Bearer|Basic|Token)\s+)?(?:\"[^\"]*\"|'[^']*')", re.IGNORECASE)
 
 
 @dataclass
@@ -71,100 +88,6 @@ class Origin:
     job_num: int | None = None
     override_dirname: str | None = None
     sweep_dir: str | None = None
-
-
-def is_secret_name(name: str) -> bool:
-    """Whether a variable, flag or config key name looks like it holds a secret.
-
-    The name is split into words at every character that is not a letter or digit and at
-    camelCase boundaries (`wandbApiKey` -> WANDB API KEY); it is secret when a word, upper-cased
-    and without a plural s, is in SECRET_WORDS, or a word ends with one of SECRET_SUFFIXES.
-    So HF_TOKEN, WANDB_API_KEY, MY_SESSION_TOKEN, hf-token, +wandb_api_key, HFTOKEN are secret;
-    MONKEY, KEYBOARD, TOKENIZERS_PARALLELISM, PYTORCH_CUDA_ALLOC_CONF are not."""
-    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name)
-    for word in re.split(r"[^A-Za-z0-9]+", spaced.upper()):
-        if word in SECRET_WORDS or (word.endswith("S") and word[:-1] in SECRET_WORDS):
-            return True
-        if word.endswith(SECRET_SUFFIXES):
-            return True
-    return False
-
-
-def redact_text(text: str) -> str:
-    """`text` with URL credentials (`scheme://user:pw@host` -> `scheme://***@host`, also as Hydra
-    records an override: `https\\://user\\:pw@host`) and the value of every `NAME=value` /
-    `NAME: value` whose NAME looks like a secret replaced by `***`. An unquoted secret value runs to
-    the end of the line (a value with spaces or commas, `HF_TOKEN: a b,c` in a YAML record), or to
-    `&` / `;` (a URL's query, a shell line), a quote (the string it is in) or, inside `{...}` /
-    `[...]`, the next `,`."""
-    from qwen3exp.config.credentials import mask_urls
-
-    text = mask_urls(text)
-    out, pos = [], 0
-    while (m := _ASSIGNMENT.search(text, pos)) is not None:
-        out.append(text[pos:m.end()])
-        pos = m.end()
-        # A name that is no secret is skipped by itself only: its value may hold NAME=value.
-        if is_secret_name(m["name"]) and (end := _secret_end(text, pos)) > pos:
-            out.append(REDACTED)
-            pos = end
-    out.append(text[pos:])
-    return "".join(out)
-
-
-def _secret_end(text: str, pos: int) -> int:
-    """Where the secret value that starts at `pos` ends (see `redact_text`)."""
-    if (quoted := _QUOTED.match(text, pos)) is not None:
-        return quoted.end()
-    line = text[text.rfind("\n", 0, pos) + 1:pos]
-    flow = line.count("{") + line.count("[") > line.count("}") + line.count("]")
-    stops = "\n&;\"'" + (",}]" if flow else "")  # a quote: the end of the string the value is in
-    end = pos
-    while end < len(text) and text[end] not in stops:
-        end += 1
-    while end > pos and text[end - 1] in " \t\r":  # keep the layout after the value
-        end -= 1
-    return end
-
-
-def redact_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
-    """A command line (or a list of Hydra overrides) safe to record: every element through
-    `redact_text`, and the element after a flag named like a secret (`--token abc`) replaced."""
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        arg = str(arg)
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-            continue
-        out.append(redact_text(arg))
-        hide_next = arg.startswith("-") and "=" not in arg and is_secret_name(arg.lstrip("-"))
-    return out
-
-
-HYDRA_RECORDS = ("overrides.yaml", "hydra.yaml")
-"""Hydra's own record of the command line in `.hydra/` (config.yaml holds the experiment only)."""
-
-
-def redact_hydra_record(folder: Path, names: tuple[str, ...] = HYDRA_RECORDS) -> None:
-    """Hydra writes the command line's overrides into `.hydra/overrides.yaml` and `hydra.yaml` (and
-    a sweep's `multirun.yaml`) before the job starts; rewrite them with secrets redacted."""
-    for name in names:
-        path = folder / name
-        try:
-            text = path.read_text()
-        except OSError:
-            continue
-        safe = redact_text(text)
-        if safe != text:
-            rundir.atomic_write_text(path, safe)
-
-
-def redact_env(env) -> dict[str, str]:
-    """An environment (name -> value) safe to record: the value of every variable named like a secret
-    is `***`, every other value goes through `redact_text` (HF_ENDPOINT=https://user:pw@host)."""
-    return {name: REDACTED if is_secret_name(name) else redact_text(str(value)) for name, value in env.items()}
 
 
 def collect(facts, exp_hash: str, origin: Origin | None) -> tuple[dict, str | None]:
@@ -191,10 +114,10 @@ def collect(facts, exp_hash: str, origin: Origin | None) -> tuple[dict, str | No
             "name": facts.name,
             "reason": facts.reason,
             "device_type": facts.device_type,
-            "devices": device_names(facts.name),
+            "devices": platforms.device_names(facts),
             "os": _platform.platform(),
-            "machine": _machine(),
-            "cpu": _cpu_name(),
+            "machine": machine(),
+            "cpu": cpu_name(),
             "cpu_count": os.cpu_count(),
         },
         "experiments": experiments_state(hydra["config_sources"]),
@@ -249,8 +172,9 @@ def _git(root: Path, *args: str) -> str:
     refresh (rewrite) the repository's index and take `.git/index.lock` to do it; reading the state
     of someone's repository must not write to it, nor leave a lock behind that blocks their next
     `git commit` when the launch is killed meanwhile."""
-    return subprocess.run(["git", "--no-optional-locks", "-C", str(root), *args], capture_output=True, text=True,
-                          check=True, timeout=60).stdout
+    return subprocess.run(
+        ["git", "--no-optional-locks", "-C", str(root), *args], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
 
 
 def source_git_state() -> tuple[dict, str | None]:
@@ -258,8 +182,12 @@ def source_git_state() -> tuple[dict, str | None]:
     version is in `versions`). Only SOURCE_ROOT's own repository counts: a venv inside a user's
     repository must not record that repository as qwen3exp's source."""
     if not (SOURCE_ROOT / ".git").exists():
-        return {"repo": None, "commit": None, "dirty": None,
-                "error": f"qwen3exp is installed, not a checkout (version {versions().get('qwen3exp')})"}, None
+        return {
+            "repo": None,
+            "commit": None,
+            "dirty": None,
+            "error": f"qwen3exp is installed, not a checkout (version {versions().get('qwen3exp')})",
+        }, None
     return git_state(SOURCE_ROOT)
 
 
@@ -267,14 +195,12 @@ def experiments_state(config_sources: list[str]) -> dict:
     """The git state of the repository that holds the experiment files: the first config folder on
     the search path that is not qwen3exp's own (--config-dir, hydra.searchpath, --config-path), or
     qwen3exp's packaged conf/ when there is none. Its diff is not copied (see `git_state`)."""
-    from qwen3exp.config.compose import CONF_DIR
-
     folders = []
     for entry in config_sources:
         provider, _, where = entry.partition(": ")
         if provider in ("hydra", "schema") or not where.startswith("file://"):
             continue
-        path = Path(where[len("file://"):]).resolve()
+        path = Path(where[len("file://") :]).resolve()
         if path != CONF_DIR:
             folders.append(path)
     if not folders:
@@ -295,8 +221,12 @@ def git_state(root: Path) -> tuple[dict, str | None]:
     except FileNotFoundError:
         return {"repo": str(root), "commit": None, "dirty": None, "error": "git is not installed"}, None
     except (OSError, subprocess.SubprocessError) as e:
-        return {"repo": str(root), "commit": None, "dirty": None,
-                "error": f"not a git checkout ({type(e).__name__})"}, None
+        return {
+            "repo": str(root),
+            "commit": None,
+            "dirty": None,
+            "error": f"not a git checkout ({type(e).__name__})",
+        }, None
     commit = _git_or_none(root, "rev-parse", "--verify", "-q", "HEAD")
     # symbolic-ref names the branch of a repository with no commit too; it fails on a detached HEAD.
     branch = _git_or_none(root, "symbolic-ref", "--short", "-q", "HEAD") or "HEAD"
@@ -334,28 +264,5 @@ def _listed(top: str, paths: list[str]) -> list[dict]:
 def _size(path: Path) -> int | None:
     try:
         return path.lstat().st_size
-    except OSError:
-        return None
-
-
-def device_names(platform_name: str) -> list[str]:
-    match platform_name:
-        case "cpu":
-            return [_cpu_name()]
-        case "cuda":
-            import torch
-
-            return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        case "neuron":
-            # One /dev/neuronN per Neuron device; the instance type names the chip generation.
-            devices = sorted(p.name for p in Path("/dev").glob("neuron[0-9]*"))
-            return [f"{_machine() or 'neuron'}: {d}" for d in devices]
-    return []
-
-
-def _machine() -> str | None:
-    """The machine model (on EC2 the instance type, e.g. trn1.32xlarge) from DMI, when readable."""
-    try:
-        return Path("/sys/devices/virtual/dmi/id/product_name").read_text().strip() or None
     except OSError:
         return None

@@ -68,15 +68,24 @@ def _open(path: Path) -> int | None:
     kind = stat.S_IFMT(os.fstat(fd).st_mode)
     if kind != stat.S_IFREG:
         os.close(fd)
-        what = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFDIR: "a folder", stat.S_IFCHR: "a device",
-                stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket"}.get(kind, "not a plain file")
+        what = {
+            stat.S_IFIFO: "a FIFO (named pipe)",
+            stat.S_IFDIR: "a folder",
+            stat.S_IFCHR: "a device",
+            stat.S_IFBLK: "a device",
+            stat.S_IFSOCK: "a socket",
+        }.get(kind, "not a plain file")
         raise Unreadable(path, f"{what}, not a file")
     return fd
 
 
 def _os_why(e: OSError) -> str:
-    return {errno.EACCES: "permission denied", errno.EPERM: "permission denied", errno.ELOOP: "a loop of links",
-            errno.ENOTDIR: "a part of the path is a file"}.get(e.errno or 0, e.strerror or type(e).__name__)
+    return {
+        errno.EACCES: "permission denied",
+        errno.EPERM: "permission denied",
+        errno.ELOOP: "a loop of links",
+        errno.ENOTDIR: "a part of the path is a file",
+    }.get(e.errno or 0, e.strerror or type(e).__name__)
 
 
 def read_bytes(path: Path, limit: int) -> bytes | None:
@@ -150,8 +159,12 @@ def parse_yaml(text: str, path: Path) -> Any:
         raise Unreadable(path, f"not plain YAML: {first}") from None
 
 
-_OPENS = (yaml.BlockMappingStartToken, yaml.BlockSequenceStartToken, yaml.FlowMappingStartToken,
-          yaml.FlowSequenceStartToken)
+_OPENS = (
+    yaml.BlockMappingStartToken,
+    yaml.BlockSequenceStartToken,
+    yaml.FlowMappingStartToken,
+    yaml.FlowSequenceStartToken,
+)
 _CLOSES = (yaml.BlockEndToken, yaml.FlowMappingEndToken, yaml.FlowSequenceEndToken)
 
 
@@ -195,8 +208,7 @@ def _measure_yaml(root: yaml.Node, path: Path) -> None:
         size[id(node)] = 1 + sum(size[id(k)] for k in kids)
         depth[id(node)] = 1 + max((depth[id(k)] for k in kids), default=0)
         if size[id(node)] > MAX_NODES:
-            raise Unreadable(path, f"more than {MAX_NODES:,} values once its YAML aliases are expanded "
-                                   "(an alias bomb)")
+            raise Unreadable(path, f"more than {MAX_NODES:,} values once its YAML aliases are expanded (an alias bomb)")
         if depth[id(node)] > MAX_DEPTH:
             raise Unreadable(path, f"nested deeper than {MAX_DEPTH} levels once its YAML aliases are expanded")
 

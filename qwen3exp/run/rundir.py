@@ -12,14 +12,19 @@ attempt's files under `attempts/<n>/`.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import os
 import re
+import secrets
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from qwen3exp.errors import ConfigError, Problem
 from qwen3exp.run import records, signing
 
 EXPERIMENT = "experiment.yaml"
@@ -47,9 +52,6 @@ def stamp() -> str:
     millisecond plus 6 random hex digits, so that launches of one name in the same second (a shell
     loop with &, a job array) get folders of their own, and `ls` still sorts them by time. (The
     claim refuses a folder that another launch holds in any case.)"""
-    import datetime as dt
-    import secrets
-
     now = dt.datetime.now()
     return f"{now:%Y-%m-%d_%H-%M-%S}.{now.microsecond // 1000:03d}-{secrets.token_hex(3)}"
 
@@ -118,8 +120,17 @@ def metrics_rows(run_dir: Path) -> list[dict]:
         return []
 
 
-METRIC_NUMBERS = ("loss", "grad_norm", "tokens_per_second", "memory_gib", "mfu", "lr", "step_seconds",
-                  "val_loss", "val_perplexity")
+METRIC_NUMBERS = (
+    "loss",
+    "grad_norm",
+    "tokens_per_second",
+    "memory_gib",
+    "mfu",
+    "lr",
+    "step_seconds",
+    "val_loss",
+    "val_perplexity",
+)
 """The values of a metrics row (qwen3exp.titan.metrics): each a number or null."""
 
 
@@ -159,8 +170,6 @@ def looks_like_run(run_dir: Path) -> bool:
 
 def experiment_yaml(data: dict) -> str:
     """The resolved experiment as written to experiment.yaml (deterministic: reruns compare it)."""
-    import yaml
-
     return yaml.safe_dump(data, sort_keys=False)
 
 
@@ -168,12 +177,40 @@ def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+EXPERIMENT_DIGEST_ENV = "QWEN3EXP_EXPERIMENT_SHA256"
+"""The sha256 of the experiment.yaml the launcher planned and wrote, in each rank's environment: a
+rank reads that experiment (it does not validate or plan again) only if the file still has it."""
+
+
+def read_planned_experiment(run_dir: Path, digest: str | None) -> dict:
+    """The experiment a rank runs: experiment.yaml, if its sha256 is `digest` (None: not checked,
+    a worker started by hand); raises ConfigError when the file changed since the launch planned it."""
+    text = (Path(run_dir) / EXPERIMENT).read_text()
+    if digest is not None and sha256(text) != digest:
+        raise ConfigError(
+            [
+                Problem(
+                    EXPERIMENT,
+                    str(Path(run_dir) / EXPERIMENT),
+                    "changed since the launcher checked and planned it",
+                    "the file the launch wrote",
+                    "launch again; never edit a run's files",
+                )
+            ]
+        )
+    data = yaml.safe_load(text)
+    return data if isinstance(data, dict) else {}
+
+
 def complete_checkpoint_steps(run_dir: Path) -> list[int]:
     """Every complete DCP checkpoint `checkpoint/step-N` (with .metadata), oldest first: what
     torchtitan would resume from by itself (the newest). DCP writes `.metadata` last (temporary
     name, fsync, rename), so a save cut short by a kill is never taken for a checkpoint."""
-    return sorted(int(m.group(1)) for p in (run_dir / CHECKPOINT).glob("step-*")
-                  if (m := re.fullmatch(r"step-(\d+)", p.name)) and (p / ".metadata").is_file())
+    return sorted(
+        int(m.group(1))
+        for p in (run_dir / CHECKPOINT).glob("step-*")
+        if (m := re.fullmatch(r"step-(\d+)", p.name)) and (p / ".metadata").is_file()
+    )
 
 
 def latest_checkpoint_step(run_dir: Path) -> int | None:

@@ -83,8 +83,12 @@ def own_files(step_dir: Path, rank: int) -> list[Path]:
 def sign(step_dir: Path, rank: int, world: int) -> None:
     """Sign the files `rank` (of `world` ranks) wrote into `step_dir` (each rank, right after a save)."""
     files = {p.name: [p.stat().st_size, _digest(p)] for p in own_files(step_dir, rank)}
-    record = {"step": step_dir.name, "files": files, "world": world,
-              "mac": _mac(key(create=True) or b"", step_dir.name, files, world)}
+    record = {
+        "step": step_dir.name,
+        "files": files,
+        "world": world,
+        "mac": _mac(key(create=True) or b"", step_dir.name, files, world),
+    }
     target = step_dir / SIGNED.format(rank=rank)
     tmp = target.with_name(target.name + ".tmp")
     tmp.write_text(json.dumps(record))
@@ -107,8 +111,12 @@ def problem(step_dir: Path) -> str | None:
                 return f"{step_dir.name}/{sig.name} is not a signature file"
             record = json.loads(sig.read_text())
             files, mac, world = record["files"], record["mac"], record["world"]
-            valid = isinstance(files, dict) and isinstance(mac, str) and isinstance(world, int) and hmac.compare_digest(
-                mac, _mac(secret, step_dir.name, files, world))
+            valid = (
+                isinstance(files, dict)
+                and isinstance(mac, str)
+                and isinstance(world, int)
+                and hmac.compare_digest(mac, _mac(secret, step_dir.name, files, world))
+            )
         except (OSError, ValueError, KeyError, TypeError):
             valid = False
         if not valid:

@@ -12,8 +12,9 @@ step got it), so the torchrun agents are started by srun whenever the job may re
   all-reduce of a flag) whether a request came; if so each rank saves a full DCP checkpoint of the
   step just finished (`checkpoint/step-N`, synchronous), rank 0 writes `logs/time_limit_saved.json`
   and the training loop ends, so torchrun exits 0.
-- The launcher (`qwen3exp.launchers.local`) then records the attempt: `requeued` when the job may
-  requeue itself (`launcher.requeue=true`, fewer than `launcher.max_requeues` requeues so far:
+- The launcher (`qwen3exp.launchers.local`) then records the attempt, as the launcher's `Nodes`
+  says (`time_limit_outcome`, `qwen3exp.plan.slurm_nodes`): `requeued` when the job may requeue
+  itself (`launcher.requeue=true`, fewer than `launcher.max_requeues` requeues so far:
   SLURM_RESTART_COUNT), and hands the signal to submitit, which requeues the job (same job id,
   same run directory); the requeued job resumes from that checkpoint. Otherwise the run is
   `interrupted` and a rerun of the same command resumes.
@@ -36,13 +37,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from qwen3exp.config.schema import Experiment, SlurmLauncher
 from qwen3exp.run import rundir
 
 REQUEST = "time_limit.json"
 SAVED = "time_limit_saved.json"
-ATTEMPT_ENV = "SLURM_RESTART_COUNT"
-"""Set by SLURM in a requeued job: how many times it was requeued (restarted) so far."""
 RESTART_MARGIN_S = 5
 """A requeued job starts this long after SLURM has certainly ended the requeued attempt (below)."""
 RESTART_TRIES = 8
@@ -55,8 +53,9 @@ def request(log_dir: Path, who: str) -> None:
     if path.exists():
         return
     try:
-        rundir.atomic_write_json(path, {"signal": "SIGUSR2", "received_by": who, "time": time.time(),
-                                        "pid": os.getpid()})
+        rundir.atomic_write_json(
+            path, {"signal": "SIGUSR2", "received_by": who, "time": time.time(), "pid": os.getpid()}
+        )
     except OSError:
         pass
 
@@ -78,50 +77,71 @@ def clear(log_dir: Path) -> None:
         (Path(log_dir) / name).unlink(missing_ok=True)
 
 
-def outcome(exp: Experiment, record: dict, env: Mapping[str, str]) -> tuple[str, int, str]:
-    """(status, exit code, error) of an attempt whose ranks stopped at the pre-timeout signal."""
-    la, step, n = exp.launcher, record.get("step"), attempt(env)
-    delay = f", launcher.signal_delay_s={la.signal_delay_s} s before it" if isinstance(la, SlurmLauncher) else ""
-    what = (f"stopped at the SLURM time limit (SIGUSR2{delay}) "
-            + (f"after step {step}, checkpoint step-{step} saved" if step else "before any step (nothing to save)"))
-    if not isinstance(la, SlurmLauncher) or not la.requeue:
-        why = "launcher.requeue=false"
-    elif n <= la.max_requeues:
-        return "requeued", 0, f"{what}; requeued (attempt {n} of at most {la.max_requeues + 1})"
-    else:
-        why = f"launcher.max_requeues={la.max_requeues} reached"
+def stopped_at_limit(record: dict, delay: str = "") -> str:
+    """What an attempt stopped at the pre-timeout signal did (`record`: `saved`'s); `delay`: the
+    launcher's note on when the signal comes."""
+    step = record.get("step")
+    return f"stopped at the SLURM time limit (SIGUSR2{delay}) " + (
+        f"after step {step}, checkpoint step-{step} saved" if step else "before any step (nothing to save)"
+    )
+
+
+def not_requeued(what: str, why: str) -> tuple[str, int, str]:
+    """(status, exit code, error) of an attempt stopped at the time limit that is not requeued."""
     return "interrupted", 143, f"{what}; not requeued ({why}): the same command again resumes"
 
 
-def attempt_record(env: Mapping[str, str], *, number: int, status: str, started: float, wall: float,
-                   resumed_from: int | None, error: str | None, steps: list[dict]) -> dict:
+def attempt_record(
+    env: Mapping[str, str],
+    *,
+    number: int,
+    status: str,
+    started: float,
+    wall: float,
+    resumed_from: int | None,
+    error: str | None,
+    steps: list[dict],
+) -> dict:
     """This attempt, as summary.json's `attempts` lists it (`number`: 1 + the earlier ones)."""
-    return {"attempt": number, "job_id": env.get("SLURM_JOB_ID"), "nodes": env.get("SLURM_JOB_NODELIST"),
-            "status": status, "started": round(started, 3), "wall_seconds": round(wall, 3),
-            "resumed_from_step": resumed_from, "steps_completed": steps[-1]["step"] if steps else 0, "error": error}
+    return {
+        "attempt": number,
+        "job_id": env.get("SLURM_JOB_ID"),
+        "nodes": env.get("SLURM_JOB_NODELIST"),
+        "status": status,
+        "started": round(started, 3),
+        "wall_seconds": round(wall, 3),
+        "resumed_from_step": resumed_from,
+        "steps_completed": steps[-1]["step"] if steps else 0,
+        "error": error,
+    }
 
 
 def earlier_attempts(run_dir: Path, experiment_hash: str) -> list[dict]:
     """The attempts an earlier summary of the same experiment in `run_dir` recorded (a requeued
     job's, a relaunch's; a sweep keeps the earlier one under attempts/<n>/)."""
     run_dir = Path(run_dir)
-    kept = sorted((run_dir / rundir.ATTEMPTS).glob("*/summary.json"), key=lambda p: int(p.parent.name)
-                  if p.parent.name.isdigit() else 0)
+    kept = sorted(
+        (run_dir / rundir.ATTEMPTS).glob("*/summary.json"),
+        key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+    )
     for path in [run_dir / rundir.SUMMARY, *reversed(kept)]:
         s = rundir.read_json(path)
         if isinstance(s, dict) and s.get("experiment_hash") == experiment_hash:
             if isinstance(s.get("attempts"), list):
                 return list(s["attempts"])
-            return [{"attempt": 1, "job_id": None, "status": s.get("status"), "started": None,
-                     "wall_seconds": s.get("wall_seconds"), "resumed_from_step": s.get("resumed_from_step"),
-                     "steps_completed": s.get("steps_completed"), "error": s.get("error")}]
+            return [
+                {
+                    "attempt": 1,
+                    "job_id": None,
+                    "status": s.get("status"),
+                    "started": None,
+                    "wall_seconds": s.get("wall_seconds"),
+                    "resumed_from_step": s.get("resumed_from_step"),
+                    "steps_completed": s.get("steps_completed"),
+                    "error": s.get("error"),
+                }
+            ]
     return []
-
-
-def attempt(env: Mapping[str, str]) -> int:
-    """This job's attempt, 1 for the first run, 2 after one requeue, ..."""
-    value = env.get(ATTEMPT_ENV, "0")
-    return int(value) + 1 if value.isdigit() else 1
 
 
 # --------------------------------------------------------------------------------- in the ranks
@@ -130,6 +150,7 @@ _received: list[float] = []
 
 def catch_signal(log_dir: Path) -> None:
     """First thing in a rank: SIGUSR2 is recorded, never fatal (the default action kills)."""
+
     def on_signal(_signum, _frame) -> None:
         _received.append(time.time())
         request(log_dir, f"rank {os.environ.get('RANK', '?')}")
@@ -144,8 +165,8 @@ def install(trainer: Any, log_dir: Path) -> None:
     the pre-timeout signal came (to this rank, or to any process that recorded it in `log_dir`);
     if so every rank saves the finished step (unless torchtitan just saved it at its interval)
     and training stops there."""
-    import torch
-    import torch.distributed as dist
+    import torch  # lazy: torch is imported in the ranks only
+    import torch.distributed as dist  # lazy: torch is imported in the ranks only
 
     log_dir = Path(log_dir)
     original = trainer.should_continue_training
@@ -158,8 +179,7 @@ def install(trainer: Any, log_dir: Path) -> None:
             first.append(trainer.step)  # the step this attempt starts from (a resumed one's checkpoint)
         if not original():
             return False
-        flag = torch.tensor([1 if _received or (log_dir / REQUEST).exists() else 0], dtype=torch.int32,
-                            device=device)
+        flag = torch.tensor([1 if _received or (log_dir / REQUEST).exists() else 0], dtype=torch.int32, device=device)
         if dist.is_initialized():
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step
         if not int(flag.item()):
@@ -202,11 +222,16 @@ def restart_soon(job: str) -> str | None:
         if update.returncode == 0 and state in ("PENDING", "COMPLETING", "REQUEUED") and eligible == wanted:
             return None
         said = (update.stdout + update.stderr).strip().splitlines()
-        why = (f"scontrol update StartTime={wanted}: " + (said[-1] if said else f"exit code {update.returncode}")
-               + f"; the job is {state}, may start at {eligible}")
+        why = (
+            f"scontrol update StartTime={wanted}: "
+            + (said[-1] if said else f"exit code {update.returncode}")
+            + f"; the job is {state}, may start at {eligible}"
+        )
         time.sleep(RESTART_PAUSE_S)
-    return (f"SLURM job {job} was requeued, but its start could not be moved to {ahead} s from now after "
-            f"{RESTART_TRIES} tries ({why}): SLURM starts it when it decides (about 2 minutes after the requeue)")
+    return (
+        f"SLURM job {job} was requeued, but its start could not be moved to {ahead} s from now after "
+        f"{RESTART_TRIES} tries ({why}): SLURM starts it when it decides (about 2 minutes after the requeue)"
+    )
 
 
 def _scontrol(*args: str) -> subprocess.CompletedProcess:

@@ -10,6 +10,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch.distributed as dist
 from torchtitan.components.checkpoint import CheckpointManager
 
 from qwen3exp.run import signing
@@ -28,8 +29,6 @@ class KeepLatestCheckpointManager(CheckpointManager):
         if saved:
             # Each rank signs the files it wrote (qwen3exp.run.signing): a later launch resumes only
             # from a checkpoint qwen3exp wrote, never from pickles somebody put into the folder.
-            import torch.distributed as dist
-
             step_dir = Path(self._create_checkpoint_id(curr_step))
             if (step_dir / ".metadata").is_file():  # a DCP checkpoint (an HF export has none: not resumed)
                 ranks = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)

@@ -28,7 +28,7 @@ TRAIN, VALIDATION, ALL = "train", "validation", "all"
 
 
 def _load(path: str, *, part: str, fraction: float | None):
-    from datasets import load_dataset
+    from datasets import load_dataset  # lazy: heavy (pyarrow, pandas); only when a rank loads the data
 
     files = data_files(path)
     if all(f.endswith(".txt") for f in files):
@@ -42,17 +42,20 @@ def _load(path: str, *, part: str, fraction: float | None):
 
 
 def _entry(path: str, text_field: str, *, part: str, fraction: float | None):
-    from torchtitan.hf_datasets import DatasetConfig
+    from torchtitan.hf_datasets import DatasetConfig  # lazy: torchtitan in the ranks only
 
     # The "text" loader of `datasets` always names its column "text".
     field = "text" if all(f.endswith(".txt") for f in data_files(path)) else text_field
-    return DatasetConfig(path=str(path), loader=partial(_load, part=part, fraction=fraction),
-                         sample_processor=lambda sample: sample[field])
+    return DatasetConfig(
+        path=str(path),
+        loader=partial(_load, part=part, fraction=fraction),
+        sample_processor=lambda sample: sample[field],
+    )
 
 
 def register(path: str, text_field: str = "text", *, held_out_fraction: float | None = None) -> str:
     """The training dataset: every document of `path`, less the held-out ones (if a fraction)."""
-    from torchtitan.hf_datasets.text_datasets import DATASETS
+    from torchtitan.hf_datasets.text_datasets import DATASETS  # lazy: torchtitan in the ranks only
 
     part = TRAIN if held_out_fraction is not None else ALL
     DATASETS[DATASET_NAME] = _entry(path, text_field, part=part, fraction=held_out_fraction)
@@ -62,7 +65,7 @@ def register(path: str, text_field: str = "text", *, held_out_fraction: float | 
 def register_validation(path: str, text_field: str = "text", *, held_out_fraction: float | None = None) -> str:
     """The validation dataset: the held-out documents of `path` (a fraction), or all of `path` (a
     separate validation path)."""
-    from torchtitan.hf_datasets.text_datasets import DATASETS
+    from torchtitan.hf_datasets.text_datasets import DATASETS  # lazy: torchtitan in the ranks only
 
     part = VALIDATION if held_out_fraction is not None else ALL
     DATASETS[VALIDATION_NAME] = _entry(path, text_field, part=part, fraction=held_out_fraction)

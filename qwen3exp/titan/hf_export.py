@@ -16,20 +16,36 @@ import shutil
 from pathlib import Path
 from typing import Any, cast
 
-from qwen3exp.config.flavors import Arch, hf_config_from_arch
+from qwen3exp.config.flavors import Arch
+from qwen3exp.config.hf_config import hf_config_from_arch
 from qwen3exp.run import rundir
 
 # Files of a Hugging Face model folder that are not weights (copied when the source has them).
-ASSET_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-               "merges.txt", "added_tokens.json", "chat_template.jinja", "generation_config.json")
+ASSET_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
 
 
 def export_folder(run_dir: Path, steps: int) -> Path:
     return run_dir / rundir.CHECKPOINT / f"step-{steps}"
 
 
-def complete(folder: Path, *, arch: Arch, assets: Path, config_source: Path | None, dtype: str,
-             max_shard_bytes: int | None = None) -> None:
+def complete(
+    folder: Path,
+    *,
+    arch: Arch,
+    assets: Path,
+    config_source: Path | None,
+    dtype: str,
+    max_shard_bytes: int | None = None,
+) -> None:
     """Make torchtitan's export folder a complete Hugging Face model folder: config.json (the
     source's, every architecture key set from the trained architecture, `dtype` the export dtype),
     generation_config.json (the source's, else derived from config.json as transformers does), the
@@ -75,7 +91,7 @@ INDEX = "model.safetensors.index.json"
 def derived_generation_config(cfg: dict) -> dict:
     """generation_config.json for a model whose source has none: what transformers derives from
     config.json (`GenerationConfig.from_model_config`: bos/eos/pad token ids, ...)."""
-    from transformers import GenerationConfig, PretrainedConfig
+    from transformers import GenerationConfig, PretrainedConfig  # lazy: seconds to import; only for an HF export
 
     return GenerationConfig.from_model_config(PretrainedConfig.from_dict(cfg)).to_diff_dict()
 
@@ -85,8 +101,8 @@ def reshard(folder: Path, max_shard_bytes: int) -> list[str]:
     `max_shard_bytes` into `model-0000i-of-0000n.safetensors` files of at most that size (a tensor
     larger than it gets a file of its own), in the file's tensor order, and rewrite
     model.safetensors.index.json. Returns the file names (unchanged when one file fits)."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
+    from safetensors import safe_open  # lazy: only where an export's weights are rewritten
+    from safetensors.torch import save_file  # lazy: pulls in torch; the launcher imports this module
 
     files = sorted(folder.glob("model-*.safetensors"))
     if len(files) != 1 or files[0].stat().st_size <= max_shard_bytes:
@@ -110,8 +126,9 @@ def reshard(folder: Path, max_shard_bytes: int) -> list[str]:
         weight_map, out = {}, []
         for i, group in enumerate(groups, 1):
             name = f"model-{i:05d}-of-{total:05d}.safetensors"
-            save_file({n: f.get_tensor(n) for n in group}, str(folder / f".{name}.tmp"), metadata={**metadata,
-                                                                                                 "format": "pt"})
+            save_file(
+                {n: f.get_tensor(n) for n in group}, str(folder / f".{name}.tmp"), metadata={**metadata, "format": "pt"}
+            )
             weight_map.update({n: name for n in group})
             out.append(name)
     mode = 0o666 & ~rundir.umask()  # safetensors creates its files 0600
@@ -125,8 +142,23 @@ def reshard(folder: Path, max_shard_bytes: int) -> list[str]:
     return out
 
 
-_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
-                "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+_DTYPE_BYTES = {
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+    "F32": 4,
+    "I32": 4,
+    "U32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I16": 2,
+    "U16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 
 
 def _nbytes(shape, dtype: str) -> int:
@@ -138,20 +170,28 @@ def _nbytes(shape, dtype: str) -> int:
 
 def verify(folder: Path, *, tied: bool) -> dict:
     """Load the folder with AutoModelForCausalLM; the report goes into summary.json as `export`."""
-    import torch
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
+    import torch  # lazy: the launcher imports this module; torch only when an export is verified
+    from transformers import AutoModelForCausalLM  # lazy: seconds to import; only to verify an export
+    from transformers.utils import logging as hf_logging  # lazy: the same
 
     # The launcher's console stays quiet (qwen3exp.run.noise): the progress bar of this check's own
     # load says nothing a person acts on.
     hf_logging.disable_progress_bar()
 
-    report: dict = {"path": str(folder), "ok": False, "missing_keys": None, "unexpected_keys": None,
-                    "mismatched_keys": None, "error": None}
+    report: dict = {
+        "path": str(folder),
+        "ok": False,
+        "missing_keys": None,
+        "unexpected_keys": None,
+        "mismatched_keys": None,
+        "error": None,
+    }
     try:
         # output_loading_info=True returns (model, info); transformers annotates the model only.
-        _, info = cast("tuple[Any, dict]",
-                       AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True, dtype=torch.float32))
+        _, info = cast(
+            "tuple[Any, dict]",
+            AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True, dtype=torch.float32),
+        )
     except Exception as e:  # a broken export must fail the run with the reason, not crash the launcher
         report["error"] = f"{type(e).__name__}: {e}"
         return report
@@ -162,8 +202,10 @@ def verify(folder: Path, *, tied: bool) -> dict:
     report.update(missing_keys=missing, unexpected_keys=unexpected, mismatched_keys=mismatched)
     problems = []
     if [k for k in missing if k not in allowed_missing]:
-        problems.append(f"missing keys {[k for k in missing if k not in allowed_missing]}"
-                        + (" (only lm_head.weight may be missing, and only when tied)" if not tied else ""))
+        problems.append(
+            f"missing keys {[k for k in missing if k not in allowed_missing]}"
+            + (" (only lm_head.weight may be missing, and only when tied)" if not tied else "")
+        )
     if unexpected:
         problems.append(f"unexpected keys {unexpected}")
     if mismatched:

@@ -18,7 +18,6 @@ FSDP over gloo (plain SUM reductions) is applied by the caller, as for the nativ
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,8 +26,11 @@ from typing import Any
 import torch
 from torchtitan.experiments.transformers_modeling_backend import TitanModelConfig, model as _backend
 from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
-from torchtitan.experiments.transformers_modeling_backend.state_dict_adapter import HFTransformerStateDictAdapter
 from transformers.configuration_utils import PretrainedConfig
+
+from qwen3exp.titan.hf_experts import HFQwen3StateDictAdapter
+from qwen3exp.titan.hf_moe import moe_load_balancing_hook, with_hf_moe_blocks
+from qwen3exp.titan.model import with_sum_reductions
 
 
 class RemoteCodeRefused(ValueError):
@@ -45,7 +47,8 @@ def refuse_remote_code(hf_model: str) -> None:
             f"the config.json of {hf_model!r} has auto_map = {auto_map!r}, which asks "
             "transformers to import and run Python files shipped in the model folder. qwen3exp reads "
             "model folders as data and never runs code from them. Use a folder whose config.json "
-            "names a model_type that transformers ships (e.g. qwen3) and has no auto_map.")
+            "names a model_type that transformers ships (e.g. qwen3) and has no auto_map."
+        )
 
 
 @contextmanager
@@ -91,7 +94,7 @@ def fix_rotary_inv_freq(model: torch.nn.Module) -> int:
     # silently off and a loaded checkpoint gives a different loss than in transformers.
     # Test: tests/test_hf_backend.py::test_rotary_inv_freq_workaround (fails without this).
     """
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # lazy: only when a model is initialised
 
     fixed = 0
     for module in model.modules():
@@ -99,8 +102,11 @@ def fix_rotary_inv_freq(model: torch.nn.Module) -> int:
         if not isinstance(buffer, torch.Tensor) or getattr(module, "rope_init_fn", None) is not None:
             continue
         rope_type = getattr(module, "rope_type", "default")
-        init_fn = (getattr(module, "compute_default_rope_parameters", None) if rope_type == "default"
-                   else ROPE_INIT_FUNCTIONS.get(rope_type))
+        init_fn = (
+            getattr(module, "compute_default_rope_parameters", None)
+            if rope_type == "default"
+            else ROPE_INIT_FUNCTIONS.get(rope_type)
+        )
         if init_fn is None:
             continue
         device = buffer.device
@@ -176,11 +182,13 @@ def hf_model_config(*, attention: str):
 
 
 def hf_model_spec(*, attention: str, force_sum_reductions: bool):
-    from torchtitan.experiments.transformers_modeling_backend.parallelize import parallelize_hf_transformers
-    from torchtitan.experiments.transformers_modeling_backend.pipeline import pipeline_hf_transformers
-    from torchtitan.protocols.model_spec import ModelSpec
-
-    from qwen3exp.titan.model import with_sum_reductions
+    from torchtitan.experiments.transformers_modeling_backend.parallelize import (  # lazy: the backend's parallelism
+        parallelize_hf_transformers,
+    )
+    from torchtitan.experiments.transformers_modeling_backend.pipeline import (  # lazy: the backend's pipelining
+        pipeline_hf_transformers,
+    )
+    from torchtitan.protocols.model_spec import ModelSpec  # lazy: torchtitan's model registry
 
     parallelize = with_hf_moe_blocks(parallelize_hf_transformers)
     if force_sum_reductions:
@@ -194,154 +202,3 @@ def hf_model_spec(*, attention: str, force_sum_reductions: bool):
         post_optimizer_build_fn=moe_load_balancing_hook,
         state_dict_adapter=HFQwen3StateDictAdapter,
     )
-
-
-
-def replicate_hf_moe_blocks(model: torch.nn.Module) -> int:
-    """Give transformers' own MoE blocks (router, fused experts) replicated sharding configs, so the
-    backend's FSDP shards their parameters like every other; returns the blocks configured. Only
-    with tp = ep = 1 (checked before launch): transformers' block has no tensor/expert-parallel plan.
-    Part of the workaround documented in `moe_load_balancing_hook` (the same upstream bug: the
-    torchtitan MoE that would carry its own sharding config is never swapped in)."""
-    import spmd_types as spmd  # type: ignore[import-untyped]
-    from torchtitan.models.common.decoder_sharding import dense_param_placement
-    from torchtitan.protocols.sharding import ShardingConfig
-
-    blocks = 0
-    for layer in model.layers.values():
-        mlp = getattr(layer, "mlp", None)
-        if not getattr(layer, "moe_enabled", False) or mlp is None or hasattr(layer, "moe"):
-            continue
-        for sub in mlp.modules():
-            states = [n for n, _ in (*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False))]
-            if states and getattr(sub, "_sharding_config", None) is None:
-                sub._sharding_config = ShardingConfig(state_shardings={n: dense_param_placement(tp=spmd.R)
-                                                                       for n in states})
-        blocks += 1
-    return blocks
-
-
-def with_hf_moe_blocks(parallelize_fn):
-    """`parallelize_fn` after `replicate_hf_moe_blocks` (keeping its name)."""
-    import functools
-
-    @functools.wraps(parallelize_fn)
-    def parallelize(model, **kwargs):
-        replicate_hf_moe_blocks(model)
-        return parallelize_fn(model, **kwargs)
-
-    return parallelize
-
-
-def moe_load_balancing_hook(optimizers, model_parts, parallel_dims) -> None:
-    """torchtitan's MoE load-balancing hook, for the layers that hold a torchtitan MoE only.
-
-    # UPSTREAM BUG: torchtitan 0.3.0's Transformers backend marks every Hugging Face MoE layer
-    # `moe_enabled` but never swaps its torchtitan MoE in: `parallelize_hf_transformers` tests
-    # `any(getattr(b, "moe_enabled", False) for b in model.layers)`, and iterating the layers'
-    # ModuleDict yields their names, so `build_and_swap_native_moe` never runs and no layer gets the
-    # `.moe` attribute. `register_moe_load_balancing_hook` (the backend's post_optimizer_build_fn)
-    # then reads `layer.moe` of every `moe_enabled` layer and the trainer dies with
-    # "'FSDPQwen3MoeDecoderLayer' object has no attribute 'moe'" before step 1. The model trains
-    # transformers' own MoE block (`Qwen3MoeSparseMoeBlock`: the router and the fused
-    # `experts.gate_up_proj` / `experts.down_proj`, exactly transformers' numerics), which has no
-    # auxiliary-loss-free expert bias to update, so the hook is registered only for layers that do
-    # hold a torchtitan MoE (none today; all of them once upstream swaps them in), and
-    # `replicate_hf_moe_blocks` gives transformers' blocks the sharding configs FSDP needs (without
-    # it, 2 ranks fail: "all parameters must be DTensors ... Got plain tensor for 'gate_up_proj'").
-    # Test: tests/test_hf_moe.py::test_upstream_moe_swap_still_skipped (asserts the upstream
-    # behaviour, so it tells when this can go) and the MoE trainings there (fail without this).
-    """
-    from torchtitan.components.optimizer import register_moe_load_balancing_hook
-
-    layers = [layer for part in model_parts for layer in part.get_submodule("layers").values()
-              if getattr(layer, "moe_enabled", False)]
-    if any(not hasattr(layer, "moe") for layer in layers):
-        return  # transformers' own MoE blocks: nothing to balance by expert bias
-    register_moe_load_balancing_hook(optimizers, model_parts, parallel_dims)
-
-
-# Hugging Face safetensors keep one tensor per expert (`mlp.experts.<j>.gate_proj.weight` ...);
-# transformers 5 fuses them in the module (`mlp.experts.gate_up_proj` [E, 2I, D] = stack over j of
-# cat(gate_j, up_j), `mlp.experts.down_proj` [E, D, I]) and converts at load and save time
-# (transformers.conversion_mapping, "qwen2_moe", used by qwen3_moe). torchtitan's checkpointer reads
-# and writes the safetensors keys with the model's own names, so the adapter maps the experts.
-_FUSED = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<name>gate_up_proj|down_proj)$")
-_PER_EXPERT = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<j>\d+)\.(?P<name>gate_proj|up_proj|down_proj)\.weight$")
-
-
-def _full(value: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return value.full_tensor() if isinstance(value, DTensor) else value
-
-
-def experts_to_hf(state_dict: dict[str, Any], keep: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Fused expert tensors -> one tensor per expert (Hugging Face safetensors keys); other keys
-    unchanged. A sharded (DTensor) expert tensor is gathered first. `keep`, when given, records each
-    fused key's original value (its placement) for `experts_from_hf`."""
-    out: dict[str, Any] = {}
-    for key, value in state_dict.items():
-        m = _FUSED.match(key)
-        if m is None:
-            out[key] = value
-            continue
-        if keep is not None:
-            keep[key] = value
-        full = _full(value).detach()
-        prefix = m["prefix"]
-        if m["name"] == "gate_up_proj":
-            gate, up = full.chunk(2, dim=1)
-            for j in range(full.shape[0]):
-                out[f"{prefix}.{j}.gate_proj.weight"] = gate[j].clone()
-                out[f"{prefix}.{j}.up_proj.weight"] = up[j].clone()
-        else:
-            for j in range(full.shape[0]):
-                out[f"{prefix}.{j}.down_proj.weight"] = full[j].clone()
-    return out
-
-
-def experts_from_hf(hf_state_dict: dict[str, Any], like: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One tensor per expert -> the fused tensors of transformers' module; with `like` (the values
-    `experts_to_hf` kept), each fused tensor gets the placement of the parameter it loads into."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    groups: dict[tuple[str, str], dict[int, dict[str, torch.Tensor]]] = {}
-    out: dict[str, Any] = {}
-    for key, value in hf_state_dict.items():
-        m = _PER_EXPERT.match(key)
-        if m is None:
-            out[key] = value
-            continue
-        fused = "down_proj" if m["name"] == "down_proj" else "gate_up_proj"
-        groups.setdefault((m["prefix"], fused), {}).setdefault(int(m["j"]), {})[m["name"]] = value
-    for (prefix, fused), experts in groups.items():
-        order = [experts[j] for j in sorted(experts)]
-        if fused == "gate_up_proj":
-            value = torch.stack([torch.cat([e["gate_proj"], e["up_proj"]], dim=0) for e in order])
-        else:
-            value = torch.stack([e["down_proj"] for e in order])
-        key = f"{prefix}.{fused}"
-        target = (like or {}).get(key)
-        if isinstance(target, DTensor):
-            value = distribute_tensor(value.to(target.dtype), target.device_mesh, target.placements)
-        out[key] = value
-    return out
-
-
-class HFQwen3StateDictAdapter(HFTransformerStateDictAdapter):
-    """The backend's adapter (a `model.` prefix, tied embeddings) with MoE experts mapped between
-    transformers' fused tensors and the per-expert tensors of Hugging Face safetensors, both ways
-    (hf_load reads published Qwen3-MoE checkpoints; the export writes what transformers, vLLM and
-    the native backend read)."""
-
-    def __init__(self, model_config, hf_assets_path):
-        super().__init__(model_config, hf_assets_path)
-        self._fused: dict[str, Any] = {}
-
-    def to_hf(self, state_dict: dict[str, Any]) -> dict[str, Any]:
-        self._fused = {}
-        return experts_to_hf(super().to_hf(state_dict), keep=self._fused)
-
-    def from_hf(self, hf_state_dict: dict[str, Any]) -> dict[str, Any]:
-        return super().from_hf(experts_from_hf(hf_state_dict, like=self._fused))

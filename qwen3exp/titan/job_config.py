@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 from qwen3exp.assets import CORPUS_DIR
@@ -24,6 +25,9 @@ from qwen3exp.config.schema import Experiment
 from qwen3exp.errors import ConfigError, Problem
 from qwen3exp.plan import model_files
 from qwen3exp.platforms import PlatformFacts
+from qwen3exp.run import rundir
+from qwen3exp.titan import dataset, overrides
+from qwen3exp.titan.model import qwen3_model_spec
 
 TORCHTITAN_KEY = "(torchtitan Trainer.Config)"
 """The key of a problem torchtitan's own checks found (no single experiment key is to blame)."""
@@ -44,33 +48,29 @@ def override_claims(exp: Experiment, facts: PlatformFacts) -> list[dict]:
     """The kernel override claims of the plan (`qwen3exp.titan.overrides.check`): the Trainer.Config
     is built only when an override is active, once, with a placeholder run directory (only its
     model tree is matched; the ranks build the config they train with)."""
-    from qwen3exp.titan import overrides
-
     return overrides.check(exp, facts, lambda: build_checked(exp, facts, Path("/nonexistent/pre-launch")))
 
 
 def init_logging() -> None:
     """torchtitan's logger for a rank (its format and level), before the config is built."""
-    from torchtitan.tools.logging import init_logger
+    from torchtitan.tools.logging import init_logger  # lazy: torchtitan is imported in the ranks only
 
     init_logger()
 
 
 def refusal_path(run_dir: Path) -> Path:
-    from qwen3exp.run import rundir
-
     return Path(run_dir) / rundir.LOGS / REFUSAL
 
 
 def write_refusal(run_dir: Path, error: ConfigError) -> None:
     """A rank's record of the ConfigError it met (every rank may write it: the content is the same)."""
-    from dataclasses import asdict
-
-    from qwen3exp.run import rundir
-
-    rundir.atomic_write_json(refusal_path(run_dir), {
-        "rank": int(os.environ.get("RANK", "0")),
-        "problems": [{**asdict(p), "value": _plain(p.value)} for p in error.problems]})
+    rundir.atomic_write_json(
+        refusal_path(run_dir),
+        {
+            "rank": int(os.environ.get("RANK", "0")),
+            "problems": [{**asdict(p), "value": _plain(p.value)} for p in error.problems],
+        },
+    )
 
 
 def read_refusal(run_dir: Path) -> ConfigError | None:
@@ -110,123 +110,163 @@ def data_path(exp: Experiment) -> Path:
 
 
 def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
-    from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
-    from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
-    from torchtitan.config import CommConfig, CompileConfig, ParallelismConfig, TrainingConfig
-    from torchtitan.config.configs import DebugConfig
-    from torchtitan.config.override import OverrideConfig
-    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
-    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
-    from torchtitan.trainer import Trainer
+    """torchtitan's `Trainer.Config` for the experiment (the model's config class: native or
+    Transformers backend), every section set from the experiment and the platform's facts."""
+    from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss  # lazy: torchtitan in the ranks
+    from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw  # lazy: torchtitan in the ranks
+    from torchtitan.config import CommConfig, CompileConfig  # lazy: torchtitan in the ranks
+    from torchtitan.config.configs import DebugConfig  # lazy: torchtitan in the ranks
+    from torchtitan.config.override import OverrideConfig  # lazy: torchtitan in the ranks
+    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader  # lazy: torchtitan in the ranks
 
-    from qwen3exp.run import rundir
-    from qwen3exp.titan import dataset, overrides
-    from qwen3exp.titan.metrics import JsonlMetricsProcessor
-
-    t, p = exp.training, exp.parallelism
+    t = exp.training
     arch = resolve_arch(exp)
-    attention = facts.attention if exp.model.attention == "auto" else exp.model.attention
-    match exp.model.backend:
-        case "native":
-            from qwen3exp.titan.model import qwen3_model_spec
-
-            model_spec = qwen3_model_spec(arch, flavor=exp.model.flavor, attention=attention,
-                                          force_sum_reductions=facts.force_sum_reductions)
-            config_cls, extra = Trainer.Config, {}
-        case "hf":
-            from torchtitan.experiments.transformers_modeling_backend.configs import TransformersBackendConfig
-
-            from qwen3exp.titan.hf_model import hf_model_spec
-
-            model_spec = hf_model_spec(attention=attention, force_sum_reductions=facts.force_sum_reductions)
-            config_cls = TransformersBackendConfig
-            extra = {"hf_model": model_files.hf_model_folder(exp)[0]}
+    config_cls, extra, model_spec = _model(exp, facts, arch)
     data = data_path(exp)
     text_field = exp.data.text_field if exp.data.source == "local" else "text"
-    match t.activation_checkpoint:
-        case "none":
-            ac = None
-        case "selective":
-            ac = SelectiveAC.Config()
-        case "full":
-            ac = FullAC.Config()
+    ac = _activation_checkpoint(t.activation_checkpoint)
     config = config_cls(
         **extra,
         model_spec=model_spec,
         hf_assets_path=str(hf_assets_path(exp)),
         dump_folder=str(run_dir),
-        metrics=JsonlMetricsProcessor.Config(
-            log_freq=exp.metrics.log_freq,
-            # Every rank's log file is plain text; the launcher colours only its own lines, on a TTY.
-            disable_color_printing=True,
-            enable_tensorboard=exp.metrics.tensorboard,
-            enable_wandb=exp.metrics.wandb,
-            jsonl_path=str(run_dir / rundir.METRICS),
-            peak_flops_known=facts.peak_flops_per_rank is not None,
-            # The trackers read the recorded experiment and its origin here; W&B writes to wandb/.
-            run_dir=str(run_dir),
-        ),
+        metrics=_metrics_config(exp, facts, run_dir),
         dataloader=HuggingFaceTextDataLoader.Config(
             dataset=dataset.register(str(data), text_field, held_out_fraction=exp.validation.held_out),
-            dataset_path=str(data), infinite=True),
+            dataset_path=str(data),
+            infinite=True,
+        ),
         validator=validator_config(exp, data, text_field),
         optimizer=default_adamw(lr=t.lr, weight_decay=t.weight_decay),
         lr_scheduler=LRSchedulersContainer.Config(
-            warmup_steps=t.warmup, decay_type=t.decay_type, min_lr_factor=t.min_lr_factor),
-        training=TrainingConfig(
-            local_batch_size=t.local_batch_size,
-            global_batch_size=t.global_batch_size,
-            seq_len=t.seq_len,
-            max_norm=t.max_norm,
-            steps=t.steps,
-            dtype=t.dtype,
-            mixed_precision_param=t.mixed_precision_param,
-            # torchtitan 0.3.0 captures forward+backward in a CUDA graph by default and refuses
-            # pipeline parallelism with it ("CUDA graphs do not support pipeline parallelism yet", in
-            # Trainer.Config). pp > 1 runs eagerly; pp = 1 keeps torchtitan's default.
-            disable_cuda_graphs=p.pp > 1,
+            warmup_steps=t.warmup, decay_type=t.decay_type, min_lr_factor=t.min_lr_factor
         ),
-        parallelism=ParallelismConfig(
-            data_parallel_replicate_degree=p.dp_replicate,
-            data_parallel_shard_degree=p.dp_shard,
-            tensor_parallel_degree=p.tp,
-            pipeline_parallel_degree=p.pp,
-            context_parallel_degree=p.cp,
-            expert_parallel_degree=p.ep,
-            # The Transformers backend accepts nothing else (it is torchtitan's default as well).
-            spmd_backend="spmd_types",
-        ),
+        training=_training_config(exp),
+        parallelism=_parallelism_config(exp),
         checkpoint=checkpoint_config(exp, Path(run_dir)),
         activation_checkpoint=ac,
         compile=CompileConfig(enable=t.compile, backend=facts.compile_backend),
-        comm=(CommConfig(init_timeout_seconds=facts.comm_init_timeout_s) if facts.comm_init_timeout_s
-              else CommConfig()),
+        comm=(
+            CommConfig(init_timeout_seconds=facts.comm_init_timeout_s) if facts.comm_init_timeout_s else CommConfig()
+        ),
         debug=DebugConfig(seed=t.seed, deterministic=t.deterministic),
-        loss=ChunkedLossWrapper.Config(
-            loss_fn=CrossEntropyLoss.Config(global_vocab_size=arch.vocab_size)),
+        loss=ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=arch.vocab_size)),
         # kernels=... : torchtitan applies these in Trainer.__init__, checked before launch.
         override=OverrideConfig(imports=overrides.import_entries(exp.kernels)),
     )
     return config
 
 
+def _model(exp: Experiment, facts: PlatformFacts, arch: Arch):
+    """(the Trainer.Config class, its backend's own fields, the model spec) of the experiment's backend."""
+    from torchtitan.trainer import Trainer  # lazy: torchtitan in the ranks
+
+    attention = facts.attention if exp.model.attention == "auto" else exp.model.attention
+    match exp.model.backend:
+        case "native":
+            model_spec = qwen3_model_spec(
+                arch, flavor=exp.model.flavor, attention=attention, force_sum_reductions=facts.force_sum_reductions
+            )
+            return Trainer.Config, {}, model_spec
+        case "hf":
+            from torchtitan.experiments.transformers_modeling_backend.configs import (  # lazy: torchtitan in the ranks
+                TransformersBackendConfig,
+            )
+
+            from qwen3exp.titan.hf_model import hf_model_spec  # lazy: imports torchtitan, torch and transformers
+
+            model_spec = hf_model_spec(attention=attention, force_sum_reductions=facts.force_sum_reductions)
+            return TransformersBackendConfig, {"hf_model": model_files.hf_model_folder(exp)[0]}, model_spec
+    raise AssertionError(exp.model)
+
+
+def _activation_checkpoint(mode: str):
+    """torchtitan's activation checkpointing config for training.activation_checkpoint (None: off)."""
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC  # lazy: torchtitan in the ranks
+
+    match mode:
+        case "none":
+            return None
+        case "selective":
+            return SelectiveAC.Config()
+        case "full":
+            return FullAC.Config()
+    raise AssertionError(mode)
+
+
+def _metrics_config(exp: Experiment, facts: PlatformFacts, run_dir: Path):
+    from qwen3exp.titan.metrics import JsonlMetricsProcessor  # lazy: imports torchtitan
+
+    return JsonlMetricsProcessor.Config(
+        log_freq=exp.metrics.log_freq,
+        # Every rank's log file is plain text; the launcher colours only its own lines, on a TTY.
+        disable_color_printing=True,
+        enable_tensorboard=exp.metrics.tensorboard,
+        enable_wandb=exp.metrics.wandb,
+        jsonl_path=str(run_dir / rundir.METRICS),
+        peak_flops_known=facts.peak_flops_per_rank is not None,
+        # The trackers read the recorded experiment and its origin here; W&B writes to wandb/.
+        run_dir=str(run_dir),
+    )
+
+
+def _training_config(exp: Experiment):
+    from torchtitan.config import TrainingConfig  # lazy: torchtitan in the ranks
+
+    t, p = exp.training, exp.parallelism
+    return TrainingConfig(
+        local_batch_size=t.local_batch_size,
+        global_batch_size=t.global_batch_size,
+        seq_len=t.seq_len,
+        max_norm=t.max_norm,
+        steps=t.steps,
+        dtype=t.dtype,
+        mixed_precision_param=t.mixed_precision_param,
+        # torchtitan 0.3.0 captures forward+backward in a CUDA graph by default and refuses
+        # pipeline parallelism with it ("CUDA graphs do not support pipeline parallelism yet", in
+        # Trainer.Config). pp > 1 runs eagerly; pp = 1 keeps torchtitan's default.
+        disable_cuda_graphs=p.pp > 1,
+    )
+
+
+def _parallelism_config(exp: Experiment):
+    from torchtitan.config import ParallelismConfig  # lazy: torchtitan in the ranks
+
+    p = exp.parallelism
+    return ParallelismConfig(
+        data_parallel_replicate_degree=p.dp_replicate,
+        data_parallel_shard_degree=p.dp_shard,
+        tensor_parallel_degree=p.tp,
+        pipeline_parallel_degree=p.pp,
+        context_parallel_degree=p.cp,
+        expert_parallel_degree=p.ep,
+        # The Transformers backend accepts nothing else (it is torchtitan's default as well).
+        spmd_backend="spmd_types",
+    )
+
+
 def validator_config(exp: Experiment, data: Path, text_field: str):
     """torchtitan's validator over the held-out documents (or validation.path), at step 1, every
     validation.freq steps and at the last step (`qwen3exp.titan.validator`)."""
-    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader  # lazy: torchtitan in the ranks
 
-    from qwen3exp.titan import dataset
-    from qwen3exp.titan.validator import FinalStepValidator
+    from qwen3exp.titan.validator import FinalStepValidator  # lazy: imports torchtitan
 
     v = exp.validation
     if not v.enable:
         return FinalStepValidator.Config(enable=False)
     path = Path(v.path) if v.path is not None else data
     return FinalStepValidator.Config(
-        enable=True, freq=v.freq, steps=v.steps, last_step=exp.training.steps,
+        enable=True,
+        freq=v.freq,
+        steps=v.steps,
+        last_step=exp.training.steps,
         dataloader=HuggingFaceTextDataLoader.Config(
             dataset=dataset.register_validation(str(path), text_field, held_out_fraction=v.held_out),
-            dataset_path=str(path), infinite=True))
+            dataset_path=str(path),
+            infinite=True,
+        ),
+    )
 
 
 def checkpoint_config(exp: Experiment, run_dir: Path):
@@ -234,23 +274,27 @@ def checkpoint_config(exp: Experiment, run_dir: Path):
     subclass: `keep_latest_k` keeps exactly k, a resume is quiet, each save is signed). A dcp resume
     loads the newest checkpoint its ranks signed (`rundir.latest_checkpoint_step`, checked by the
     plan), named by its step: torchtitan by itself would load the newest one, signed or not."""
-    from qwen3exp.run import rundir
-    from qwen3exp.titan.checkpointing import KeepLatestCheckpointManager as CheckpointManager
+    from qwen3exp.titan.checkpointing import KeepLatestCheckpointManager as CheckpointManager  # lazy: torchtitan
+
     c, folder = exp.checkpoint, rundir.CHECKPOINT
     weights = model_files.weights_folder(exp)
     load = dict(initial_load_path=str(weights), initial_load_in_hf=True, initial_load_model_only=True)
     # No periodic saves: the only save is the last step (torchtitan always saves it).
-    export = dict(interval=exp.training.steps, keep_latest_k=0, last_save_in_hf=True,
-                  last_save_model_only=True)
+    export = dict(interval=exp.training.steps, keep_latest_k=0, last_save_in_hf=True, last_save_model_only=True)
     match c.kind:
         case "none":
             return CheckpointManager.Config(enable=False, folder=folder)
         case "dcp":
             # The last step is a full checkpoint too (optimizer, data position), so it resumes.
             step = rundir.latest_checkpoint_step(run_dir)
-            return CheckpointManager.Config(enable=True, folder=folder, interval=c.interval,
-                                            keep_latest_k=c.keep_latest_k, last_save_model_only=False,
-                                            load_step=-1 if step is None else step)
+            return CheckpointManager.Config(
+                enable=True,
+                folder=folder,
+                interval=c.interval,
+                keep_latest_k=c.keep_latest_k,
+                last_save_model_only=False,
+                load_step=-1 if step is None else step,
+            )
         case "hf_load":
             return CheckpointManager.Config(enable=True, folder=folder, load_only=True, **load)
         case "hf_export":

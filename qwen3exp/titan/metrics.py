@@ -20,14 +20,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+import torch.distributed as dist
 from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor, _get_metrics_rank
 from torchtitan.tools.logging import logger
+
+from qwen3exp.titan import trackers
 
 
 def finite_row(row: dict) -> dict:
     """`row` with every non-finite number replaced by None and those keys listed in `nonfinite`."""
-    bad = [k for k, v in row.items()
-           if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isfinite(v)]
+    bad = [
+        k for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isfinite(v)
+    ]
     if not bad:
         return row
     return {**{k: None if k in bad else v for k, v in row.items()}, "nonfinite": bad}
@@ -102,19 +106,31 @@ class JsonlMetricsProcessor(MetricsProcessor):
     def __init__(self, config: Config, *, has_quantization: bool = False, **kwargs):
         super().__init__(config, has_quantization=has_quantization or not config.peak_flops_known, **kwargs)
 
-    def _build_metric_logger(self, *, config, parallel_dims, dump_folder, pp_schedule, ft_enable=False,
-                             ft_replica_id=0, config_dict=None, tag=None) -> BaseLogger:
+    def _build_metric_logger(
+        self,
+        *,
+        config,
+        parallel_dims,
+        dump_folder,
+        pp_schedule,
+        ft_enable=False,
+        ft_replica_id=0,
+        config_dict=None,
+        tag=None,
+    ) -> BaseLogger:
         """The loggers of this rank: the trackers where torchtitan would put its own (the metrics
         rank, or every rank with save_for_all_ranks), metrics.jsonl on the metrics rank.
         (`config_dict`, torchtitan's Trainer.Config as a dict, is not used: W&B gets the experiment.)"""
-        import torch.distributed as dist
-
         rank = dist.get_rank() if dist.is_initialized() else 0
         metrics_rank = _get_metrics_rank(parallel_dims=parallel_dims, pp_schedule=pp_schedule)
         container = LoggerContainer()
         if (config.enable_tensorboard or config.enable_wandb) and (config.save_for_all_ranks or rank == metrics_rank):
-            for tracker in _trackers(config, Path(config.run_dir or dump_folder),
-                                     tensorboard_folder(config, dump_folder, ft_enable, ft_replica_id, rank), tag):
+            for tracker in _trackers(
+                config,
+                Path(config.run_dir or dump_folder),
+                tensorboard_folder(config, dump_folder, ft_enable, ft_replica_id, rank),
+                tag,
+            ):
                 container.add_logger(tracker)
         if config.jsonl_path and rank == metrics_rank:
             container.add_logger(JsonlLogger(config.jsonl_path, peak_flops_known=config.peak_flops_known))
@@ -123,8 +139,6 @@ class JsonlMetricsProcessor(MetricsProcessor):
 
 def _trackers(config: JsonlMetricsProcessor.Config, run_dir: Path, tb_folder: str, tag: str | None) -> list:
     """The enabled trackers, in torchtitan's order (W&B, then TensorBoard)."""
-    from qwen3exp.titan import trackers
-
     record = trackers.RunRecord.read(run_dir)
     out: list = []
     if config.enable_wandb:
@@ -135,8 +149,9 @@ def _trackers(config: JsonlMetricsProcessor.Config, run_dir: Path, tb_folder: st
     return out
 
 
-def tensorboard_folder(config: MetricsProcessor.Config, dump_folder: str, ft_enable: bool, ft_replica_id: int,
-                       rank: int) -> str:
+def tensorboard_folder(
+    config: MetricsProcessor.Config, dump_folder: str, ft_enable: bool, ft_replica_id: int, rank: int
+) -> str:
     """Where torchtitan 0.3.0 puts a rank's TensorBoard files: `<dump_folder>/tb/<YYYYmmdd-HHMM>`,
     then `replica_<id>` with fault tolerance and `rank_<r>` with save_for_all_ranks."""
     folder = os.path.join(dump_folder, config.save_tb_folder, datetime.now().strftime("%Y%m%d-%H%M"))

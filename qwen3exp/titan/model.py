@@ -4,6 +4,9 @@ One builder for every flavor (torchtitan's, ours, and `auto` from a checkpoint's
 published checkpoint's exact dims, RoPE theta and norm eps reach the model. It reuses torchtitan's
 own layer builders (private helpers of `torchtitan.models.qwen3` in 0.3.0), so parameter
 initialisation is identical to upstream's flavors.
+
+The launcher imports this module (through `qwen3exp.titan.job_config`) without torchtitan, which a
+rank imports only once its platform is prepared: torchtitan is imported inside the functions.
 """
 
 from __future__ import annotations
@@ -12,9 +15,9 @@ from qwen3exp.config.flavors import Arch
 
 
 def qwen3_model_config(arch: Arch, *, attention: str):
-    from torchtitan.models.common import CosSinRoPE, Embedding, Linear
-    from torchtitan.models.common.nn_modules import RMSNorm
-    from torchtitan.models.qwen3 import (
+    from torchtitan.models.common import CosSinRoPE, Embedding, Linear  # lazy: torchtitan in the ranks only
+    from torchtitan.models.common.nn_modules import RMSNorm  # lazy: the same
+    from torchtitan.models.qwen3 import (  # lazy: the same
         _EMBEDDING_INIT,
         _EMBEDDING_SKIP_INIT,
         _LINEAR_INIT,
@@ -22,20 +25,32 @@ def qwen3_model_config(arch: Arch, *, attention: str):
         _build_qwen3_moe_layers,
         _qwen3_norm,
     )
-    from torchtitan.models.qwen3.model import Qwen3Model
+    from torchtitan.models.qwen3.model import Qwen3Model  # lazy: the same
 
-    from qwen3exp.titan.attention import DocumentSDPAttention
+    from qwen3exp.titan.attention import DocumentSDPAttention  # lazy: subclasses torchtitan's attention
 
     rope = CosSinRoPE.Config(dim=arch.head_dim, max_seq_len=arch.max_seq_len, theta=arch.rope_theta)
-    common = dict(n_layers=arch.n_layers, dim=arch.dim, n_heads=arch.n_heads, n_kv_heads=arch.n_kv_heads,
-                  head_dim=arch.head_dim, fuse_qkv=True, rope=rope,
-                  # sdpa is rejected by torchtitan's builder; build with flex, then swap below.
-                  attn_backend="flex")
+    common = dict(
+        n_layers=arch.n_layers,
+        dim=arch.dim,
+        n_heads=arch.n_heads,
+        n_kv_heads=arch.n_kv_heads,
+        head_dim=arch.head_dim,
+        fuse_qkv=True,
+        rope=rope,
+        # sdpa is rejected by torchtitan's builder; build with flex, then swap below.
+        attn_backend="flex",
+    )
     if arch.moe is None:
         layers = _build_qwen3_layers(hidden_dim=arch.hidden_dim, **common)
     else:
-        layers = _build_qwen3_moe_layers(moe_hidden_dim=arch.moe.hidden_dim, num_experts=arch.moe.num_experts,
-                                         top_k=arch.moe.top_k, moe_comm_backend="standard", **common)
+        layers = _build_qwen3_moe_layers(
+            moe_hidden_dim=arch.moe.hidden_dim,
+            num_experts=arch.moe.num_experts,
+            top_k=arch.moe.top_k,
+            moe_comm_backend="standard",
+            **common,
+        )
     if attention == "sdpa":
         for layer in layers:
             layer.attention.inner_attention = DocumentSDPAttention.Config()
@@ -44,8 +59,11 @@ def qwen3_model_config(arch: Arch, *, attention: str):
         dim=arch.dim,
         norm=_qwen3_norm(arch.dim),
         enable_weight_tying=arch.tied,
-        tok_embeddings=Embedding.Config(num_embeddings=arch.vocab_size, embedding_dim=arch.dim,
-                                        param_init=_EMBEDDING_SKIP_INIT if arch.tied else _EMBEDDING_INIT),
+        tok_embeddings=Embedding.Config(
+            num_embeddings=arch.vocab_size,
+            embedding_dim=arch.dim,
+            param_init=_EMBEDDING_SKIP_INIT if arch.tied else _EMBEDDING_INIT,
+        ),
         lm_head=Linear.Config(in_features=arch.dim, out_features=arch.vocab_size, param_init=_LINEAR_INIT),
         layers=layers,
     )
@@ -56,10 +74,10 @@ def qwen3_model_config(arch: Arch, *, attention: str):
 
 
 def qwen3_model_spec(arch: Arch, *, flavor: str, attention: str, force_sum_reductions: bool):
-    from torchtitan.components.optimizer import register_moe_load_balancing_hook
-    from torchtitan.distributed.pipeline_parallel import pipeline_llm
-    from torchtitan.models.qwen3 import parallelize_qwen3
-    from torchtitan.protocols.model_spec import ModelSpec
+    from torchtitan.components.optimizer import register_moe_load_balancing_hook  # lazy: torchtitan in the ranks
+    from torchtitan.distributed.pipeline_parallel import pipeline_llm  # lazy: the same
+    from torchtitan.models.qwen3 import parallelize_qwen3  # lazy: the same
+    from torchtitan.protocols.model_spec import ModelSpec  # lazy: the same
 
     parallelize = parallelize_qwen3
     if force_sum_reductions:
@@ -80,7 +98,7 @@ def with_sum_reductions(parallelize_fn):
     factor; force plain SUM (torchtitan scales gradients by the global token count itself)."""
 
     def parallelize(model, **kwargs):
-        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.fsdp import FSDPModule  # lazy: torch in the ranks only
 
         model = parallelize_fn(model, **kwargs)
         for module in model.modules():
@@ -109,8 +127,8 @@ def qwen3_state_dict_adapter():
     # Costs one all-gather of the expert weights at load and export time.
     # Test: tests/test_hf_moe.py::test_native_moe_loads_exports_and_reloads (2 ranks; fails without it).
     """
-    from torch.distributed.tensor import DTensor, distribute_tensor
-    from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
+    from torch.distributed.tensor import DTensor, distribute_tensor  # lazy: torch in the ranks only
+    from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter  # lazy: torchtitan in the ranks
 
     class Qwen3WholeExpertsStateDictAdapter(Qwen3StateDictAdapter):
         def to_hf(self, state_dict):

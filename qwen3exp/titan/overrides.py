@@ -1,8 +1,10 @@
-"""Which torchtitan overrides an experiment activates, checked before launch, handed to torchtitan.
+"""The torchtitan side of kernel overrides: checked against the config tree before launch, handed to
+torchtitan, confirmed at run time.
 
-Activations come from the `kernels` section: `kernels.rope.impl=nki` (nki_rope),
-`kernels.moe.impl=nki` (nki_moe) and every `kernels.overrides` entry (your own `@override`
-factories). torchtitan applies them in `Trainer.__init__` from `override.imports`; it only warns
+Activations come from the `kernels` section (`qwen3exp.kernels.registry`, which needs no torchtitan):
+`kernels.rope.impl=nki` (`qwen3exp.kernels.nki_rope`), `kernels.moe.impl=nki`
+(`qwen3exp.kernels.nki_moe`) and every `kernels.overrides` entry (your own `@override` factories).
+torchtitan applies them in `Trainer.__init__` from `override.imports`; it only warns
 when an override matches nothing (and only when all of them together match nothing) and it never
 tells you which experiment key was wrong. So before any worker starts, `claims()` walks the same
 config tree torchtitan will walk (the `Trainer.Config`, FQNs `model_spec.model.layers.0...`, with
@@ -10,8 +12,9 @@ torchtitan's own traversal and glob matcher, no model built) and refuses:
 - an override that matches no node (naming the nodes its target class does have),
 - two overrides claiming one node, or one claiming an ancestor of another's node (naming both),
 - a module that does not import, a name that is not an `@override` factory, kwargs it cannot take,
-- on Neuron: nki_rope with `training.seq_len` not a multiple of 128 x LNC, nki_moe with a block
-  size nkilib does not have, or a hidden size the backward kernel cannot shard over LNC.
+- what each built-in override refuses itself (`qwen3exp.kernels.registry.problems`): sharded
+  tensors; on Neuron, nki_rope with `training.seq_len` not a multiple of 128 x LNC, nki_moe with a
+  block size nkilib does not have, or a hidden size the backward kernel cannot shard over LNC.
 The claims (override -> nodes) go to summary.json; the worker also records the `[Override]` lines
 torchtitan logs while building the model (`overrides_applied.json`), so the count is confirmed.
 
@@ -22,107 +25,74 @@ this module (`qwen3exp.titan.overrides.<function>__<hash>`), with the same facto
 
 from __future__ import annotations
 
-import hashlib
-import json
+import importlib
+import inspect
 import logging
-import os
 import re
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from qwen3exp.errors import ConfigError, Problem, did_you_mean, one_of
-
-NKI_ROPE = "qwen3exp.titan.nki_rope.nki_rope"
-NKI_MOE = "qwen3exp.titan.nki_moe.nki_moe"
-
-
-@dataclass(frozen=True)
-class Activation:
-    key: str
-    """The experiment key that activated it (kernels.rope, kernels.moe, kernels.overrides.0)."""
-    target: str
-    """`module.function` of the `@override` factory."""
-    fqns: tuple[str, ...] | None
-    """Node selection replacing the factory's own; None keeps the factory's."""
-    kwargs: dict[str, Any]
-
-    @property
-    def import_name(self) -> str:
-        """The `override.imports` entry: the factory itself, or the alias carrying `fqns`."""
-        if self.fqns is None:
-            return self.target
-        digest = hashlib.sha1(json.dumps([self.target, list(self.fqns)]).encode()).hexdigest()[:8]
-        return f"{__name__}.{self.target.rpartition('.')[2]}__{digest}"
-
-
-def activations(kernels) -> list[Activation]:
-    """The overrides a validated `Kernels` section activates (pure: no torch, no torchtitan)."""
-    out: list[Activation] = []
-    match kernels.rope.impl:
-        case "nki":
-            out.append(Activation("kernels.rope", NKI_ROPE, _tuple(kernels.rope.fqns), {}))
-    match kernels.moe.impl:
-        case "nki":
-            out.append(Activation("kernels.moe", NKI_MOE, _tuple(kernels.moe.fqns),
-                                  {"block_size": kernels.moe.block_size}))
-    for i, o in enumerate(kernels.overrides):
-        out.append(Activation(f"kernels.overrides.{i}", o.target, _tuple(o.fqns), dict(o.kwargs)))
-    return out
-
-
-def _tuple(fqns) -> tuple[str, ...] | None:
-    return None if fqns is None else tuple(fqns)
-
-
-def _target_key(act: Activation) -> str:
-    return f"{act.key}.target" if act.key.startswith("kernels.overrides.") else f"{act.key}.impl"
+from qwen3exp.kernels.registry import ALIAS_MODULE, BY_KEY, Activation, activations, problems as kernel_problems
+from qwen3exp.run import rundir
 
 
 # ------------------------------------------------------------------------- torchtitan registry
 def _registered(act: Activation, problems: list[Problem]):
     """Import the factory's module (running its @override decorators) and return the registered
     override, or record why not."""
-    import importlib
-
     # torchtitan keeps registered overrides in a private dict and has no public lookup; this is the
     # one place that reads it.
-    from torchtitan.config.override import _REGISTRY
+    from torchtitan.config.override import _REGISTRY  # lazy: plain experiments never import torchtitan here
 
     module, _, func = act.target.rpartition(".")
     try:
         importlib.import_module(module)
     except Exception as e:
-        problems.append(Problem(_target_key(act), act.target,
-                                f"module {module!r} does not import: {type(e).__name__}: {e}",
-                                hint="the module must be importable on every rank (installed, or on PYTHONPATH)"))
+        problems.append(
+            Problem(
+                act.target_key,
+                act.target,
+                f"module {module!r} does not import: {type(e).__name__}: {e}",
+                hint="the module must be importable on every rank (installed, or on PYTHONPATH)",
+            )
+        )
         return None
     ov = _REGISTRY.get(act.target)
     if ov is None:
         here = sorted(k.rpartition(".")[2] for k in _REGISTRY if k.rpartition(".")[0] == module)
-        problems.append(Problem(_target_key(act), act.target,
-                                f"{func!r} is not an @override factory of module {module}",
-                                one_of(f"{module}.{h}" for h in here) or f"(module {module} registers none)",
-                                did_you_mean(func, here)))
+        problems.append(
+            Problem(
+                act.target_key,
+                act.target,
+                f"{func!r} is not an @override factory of module {module}",
+                one_of(f"{module}.{h}" for h in here) or f"(module {module} registers none)",
+                did_you_mean(func, here),
+            )
+        )
     return ov
 
 
 def _check_kwargs(act: Activation, ov, problems: list[Problem]) -> None:
-    import inspect
-
     try:
         inspect.signature(ov.factory).bind(None, **act.kwargs)
     except TypeError as e:
         params = [p for p in list(inspect.signature(ov.factory).parameters)[1:]]
-        problems.append(Problem(f"{act.key}.kwargs", act.kwargs, f"{act.target} cannot take them: {e}",
-                                one_of(params) or "no keyword arguments"))
+        problems.append(
+            Problem(
+                f"{act.key}.kwargs",
+                act.kwargs,
+                f"{act.target} cannot take them: {e}",
+                one_of(params) or "no keyword arguments",
+            )
+        )
 
 
 def register_aliases(acts: list[Activation]) -> None:
     """Register the alias of every activation that carries its own `fqns` (idempotent)."""
-    from torchtitan.config import override
-    from torchtitan.config.override import _REGISTRY
+    from torchtitan.config import override  # lazy: plain experiments never import torchtitan here
+    from torchtitan.config.override import _REGISTRY  # lazy: the same
 
     for act in acts:
         name = act.import_name
@@ -137,10 +107,14 @@ def register_aliases(acts: list[Activation]) -> None:
         def alias(cfg, _factory=factory, **kwargs):
             return _factory(cfg, **kwargs)
 
-        alias.__module__, alias.__name__ = __name__, name.rpartition(".")[2]
+        alias.__module__, alias.__name__ = ALIAS_MODULE, name.rpartition(".")[2]
         alias.__qualname__ = alias.__name__
-        override(target=ov.target_cls, fqns=list(act.fqns), exact=ov.exact,
-                 description=f"{ov.description} (fqns from {act.key})")(alias)
+        override(
+            target=ov.target_cls,
+            fqns=list(act.fqns),
+            exact=ov.exact,
+            description=f"{ov.description} (fqns from {act.key})",
+        )(alias)
 
 
 def import_entries(kernels) -> list:
@@ -169,7 +143,7 @@ class Claim:
 def claims(acts: list[Activation], trainer_config) -> list[Claim]:
     """Match every activation against the config tree exactly as torchtitan will; raise ConfigError
     on anything torchtitan would silently skip or report late."""
-    from torchtitan.config.override import Override
+    from torchtitan.config.override import Override  # lazy: plain experiments never import torchtitan here
 
     problems: list[Problem] = []
     out: list[Claim] = []
@@ -178,11 +152,19 @@ def claims(acts: list[Activation], trainer_config) -> list[Claim]:
         if ov is None:
             continue
         _check_kwargs(act, ov, problems)
-        selector = Override(target_cls=ov.target_cls, factory=ov.factory,
-                            fqns=list(act.fqns) if act.fqns is not None else ov.fqns,
-                            description=ov.description, origin_module=ov.origin_module, exact=ov.exact)
-        candidates = [fqn for fqn, cfg, _, _ in trainer_config.traverse(ov.target_cls)
-                      if not (ov.exact and type(cfg) is not ov.target_cls)]
+        selector = Override(
+            target_cls=ov.target_cls,
+            factory=ov.factory,
+            fqns=list(act.fqns) if act.fqns is not None else ov.fqns,
+            description=ov.description,
+            origin_module=ov.origin_module,
+            exact=ov.exact,
+        )
+        candidates = [
+            fqn
+            for fqn, cfg, _, _ in trainer_config.traverse(ov.target_cls)
+            if not (ov.exact and type(cfg) is not ov.target_cls)
+        ]
         nodes = [fqn for fqn in candidates if selector.matches(fqn)]
         cls = ov.target_cls.__qualname__
         if not nodes:
@@ -196,31 +178,39 @@ def claims(acts: list[Activation], trainer_config) -> list[Claim]:
 
 
 def _no_match(act: Activation, fqns, cls: str, candidates: list[str]) -> Problem:
-    if act.key == "kernels.moe" and not candidates:
-        return Problem("kernels.moe.impl", "nki", "the model is dense: no GroupedExperts node to replace",
-                       "torchtitan for dense models", "kernels=nki_moe needs an MoE flavor (tiny_moe, 30B-A3B, ...)")
+    builtin = BY_KEY.get(act.key)
+    if builtin is not None and (own := builtin.no_match_problem(act.key, candidates)) is not None:
+        return own
     key = f"{act.key}.fqns" if act.fqns is not None else act.key
     shown = candidates[:6] + ([f"... ({len(candidates)} in all)"] if len(candidates) > 6 else [])
-    return Problem(key, list(fqns) if fqns is not None else act.target,
-                   f"{act.target} matches no node of the config tree (torchtitan would only warn)",
-                   f"globs over the {cls} nodes: {one_of(shown)}" if candidates else f"(the model has no {cls} node)",
-                   "FQNs start with model_spec.model. ; * also crosses dots")
+    return Problem(
+        key,
+        list(fqns) if fqns is not None else act.target,
+        f"{act.target} matches no node of the config tree (torchtitan would only warn)",
+        f"globs over the {cls} nodes: {one_of(shown)}" if candidates else f"(the model has no {cls} node)",
+        "FQNs start with model_spec.model. ; * also crosses dots",
+    )
 
 
 def _conflicts(found: list[Claim]) -> list[Problem]:
     problems = []
     for i, a in enumerate(found):
-        for b in found[i + 1:]:
+        for b in found[i + 1 :]:
             same = sorted(set(a.nodes) & set(b.nodes))
-            nested = sorted(f"{x} (under {y})" for x in a.nodes for y in b.nodes if x.startswith(y + ".")) + \
-                sorted(f"{y} (under {x})" for x in a.nodes for y in b.nodes if y.startswith(x + "."))
+            nested = sorted(f"{x} (under {y})" for x in a.nodes for y in b.nodes if x.startswith(y + ".")) + sorted(
+                f"{y} (under {x})" for x in a.nodes for y in b.nodes if y.startswith(x + ".")
+            )
             if same or nested:
                 where = same or nested
-                problems.append(Problem(
-                    b.key, b.target,
-                    f"claims {len(where)} node(s) also claimed by {a.key} ({a.target}): {one_of(where[:4])}"
-                    + (" ..." if len(where) > 4 else ""),
-                    hint=f"narrow {a.key}.fqns or {b.key}.fqns so that they select disjoint nodes"))
+                problems.append(
+                    Problem(
+                        b.key,
+                        b.target,
+                        f"claims {len(where)} node(s) also claimed by {a.key} ({a.target}): {one_of(where[:4])}"
+                        + (" ..." if len(where) > 4 else ""),
+                        hint=f"narrow {a.key}.fqns or {b.key}.fqns so that they select disjoint nodes",
+                    )
+                )
     return problems
 
 
@@ -231,44 +221,10 @@ def check(exp, facts, build_config) -> list[dict]:
     acts = activations(exp.kernels)
     if not acts:
         return []
-    problems = _platform_problems(exp, facts)
+    problems = kernel_problems(exp, facts)
     if problems:
         raise ConfigError(problems)
     return [asdict(c) for c in claims(acts, build_config())]
-
-
-def _platform_problems(exp, facts) -> list[Problem]:
-    from qwen3exp.kernels import neuron
-
-    problems = []
-    p = exp.parallelism
-    for section, impl in (("rope", exp.kernels.rope.impl), ("moe", exp.kernels.moe.impl)):
-        if impl != "nki":
-            continue
-        for name, degree in (("tp", p.tp), ("cp", p.cp)) + ((("ep", p.ep),) if section == "moe" else ()):
-            if degree > 1:
-                problems.append(Problem(f"parallelism.{name}", degree,
-                                        f"kernels.{section}.impl=nki runs on local (non-sharded) tensors only",
-                                        "1", f"or kernels.{section}.impl=torchtitan"))
-    if facts.name != "neuron":
-        return problems
-    lnc = neuron.lnc_from_env({**os.environ, **facts.env})
-    if exp.kernels.rope.impl == "nki" and exp.training.seq_len % (neuron.ROPE_SEQ_TILE * lnc):
-        m = neuron.ROPE_SEQ_TILE * lnc
-        problems.append(Problem("training.seq_len", exp.training.seq_len,
-                                f"nkilib rope_hf needs a multiple of 128 x LNC = {m} (LNC={lnc})",
-                                f"a multiple of {m}", f"e.g. {max(m, exp.training.seq_len // m * m)}"))
-    if exp.kernels.moe.impl == "nki":
-        if exp.kernels.moe.block_size not in neuron.MOE_BLOCK_SIZES:
-            problems.append(Problem("kernels.moe.block_size", exp.kernels.moe.block_size,
-                                    "not a block size of nkilib's blockwise MoE kernels",
-                                    one_of(neuron.MOE_BLOCK_SIZES)))
-        arch = exp.model.arch()
-        if arch is not None and arch.dim % lnc:
-            problems.append(Problem("model.flavor", exp.model.flavor,
-                                    f"hidden size {arch.dim} is not divisible by LNC={lnc} "
-                                    "(blockwise_mm_bwd shards it)"))
-    return problems
 
 
 # --------------------------------------------------------------------- runtime confirmation
@@ -295,14 +251,12 @@ def record_applied(run_dir: Path, *, write: bool):
     finally:
         root.removeHandler(handler)
         if write:
-            from qwen3exp.run import rundir
             rundir.atomic_write_json(run_dir / rundir.OVERRIDES_APPLIED, lines)
 
 
 def merge_applied(claimed: list[dict], run_dir: Path) -> list[dict]:
     """summary.json's `overrides`: each claim with `nodes` (count), `node_fqns`, and `applied` (the
     count torchtitan logged at run time; null when the run did not get that far)."""
-    from qwen3exp.run import rundir
     applied = rundir.read_json(run_dir / rundir.OVERRIDES_APPLIED)
     out = []
     for c in claimed:

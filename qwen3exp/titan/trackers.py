@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qwen3exp.run import provenance, rundir
+from qwen3exp.run import redact, rundir
 
 OVERRIDE_DIRNAME_EXCLUDES = rundir.IDENTITY_IGNORES
 """Keys left out of a job's overrides, as in `hydra.job.config.override_dirname.exclude_keys`
@@ -74,8 +74,7 @@ def job_overrides(origin: Mapping) -> list[tuple[str, str]]:
     for item in origin.get("task_overrides") or []:
         key, eq, value = str(item).partition("=")
         key = key.lstrip("+")
-        if not eq or key.startswith(("~", "hydra.")) or key in OVERRIDE_DIRNAME_EXCLUDES \
-                or provenance.is_secret_name(key):
+        if not eq or key.startswith(("~", "hydra.")) or key in OVERRIDE_DIRNAME_EXCLUDES or redact.is_secret_name(key):
             continue
         out.append((key, value))
     return out
@@ -145,7 +144,7 @@ class WandbTracker:
     silently has no W&B record."""
 
     def __init__(self, run_dir: Path, record: RunRecord, tag: str | None = None):
-        import wandb
+        import wandb  # lazy: optional (the wandb extra), only with metrics.wandb=true
 
         self._wandb = wandb
         self._tag = tag
@@ -166,7 +165,7 @@ class TensorBoardTracker:
     run's hparams with its last losses (`write_hparams`)."""
 
     def __init__(self, log_dir: str, hparams: dict[str, Any], tag: str | None = None):
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # lazy: torch, only with TensorBoard on
 
         self.writer = SummaryWriter(log_dir, max_queue=1000)
         self._hparams = hparams
@@ -190,7 +189,7 @@ def write_hparams(writer, hparams: dict[str, Any], last: dict[str, tuple[float, 
     file writer, so into the folder of the run's scalars. (`SummaryWriter.add_hparams` writes them
     into a new subfolder, which TensorBoard shows as a run of its own, apart from the loss curves
     of the same training; `summary.hparams` is the public function add_hparams itself uses.)"""
-    from torch.utils.tensorboard.summary import hparams as hparams_summaries
+    from torch.utils.tensorboard.summary import hparams as hparams_summaries  # lazy: torch, only with TensorBoard
 
     metrics = {name: value for name, (value, _step) in last.items()}
     for summary in hparams_summaries(hparams, metrics):

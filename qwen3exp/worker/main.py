@@ -2,7 +2,8 @@
 
 Order matters: die with torchrun (a rank must never outlive its agent), read the resolved files,
 prepare the platform (before the first torchtitan import: torchtitan binds the device type at
-import), rebuild `Trainer.Config`, train. Hydra never runs here.
+import; `qwen3exp.titan.job_config` and `overrides`, imported at the top here, import it only inside
+their functions), rebuild `Trainer.Config`, train. Hydra never runs here.
 
 Building `Trainer.Config` here is where torchtitan's own config checks run for a plain experiment
 (the launcher does not import torchtitan; the plan built it only when kernel overrides are active).
@@ -27,40 +28,41 @@ import time
 import traceback
 from pathlib import Path
 
+from qwen3exp.config.schema import parse_experiment
 from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError
 from qwen3exp.platforms import PlatformFacts, prepare_worker
 from qwen3exp.run import faults, procs, rundir, timelimit
+from qwen3exp.titan import overrides
+from qwen3exp.titan.job_config import build_checked, init_logging, write_refusal
 
 
 def load_run(run_dir: Path):
-    import yaml
-
-    from qwen3exp.config.schema import validate_experiment
-
-    exp = validate_experiment(yaml.safe_load((run_dir / rundir.EXPERIMENT).read_text()))
+    """The experiment the launcher planned (checked by its digest, not validated again) and the
+    platform's facts."""
+    data = rundir.read_planned_experiment(run_dir, os.environ.get(rundir.EXPERIMENT_DIGEST_ENV))
+    exp = parse_experiment(data)
     facts = PlatformFacts(**json.loads((run_dir / rundir.PLATFORM).read_text()))
     return exp, facts
 
 
 def _write_error(run_dir: Path, exc: BaseException) -> None:
     rank = int(os.environ.get("RANK", "0"))
-    rundir.atomic_write_json(run_dir / rundir.LOGS / f"error_rank{rank}.json", {
-        "rank": rank,
-        "time": time.time(),
-        "type": type(exc).__name__,
-        "message": str(exc),
-        "traceback": traceback.format_exc(),
-    })
+    rundir.atomic_write_json(
+        run_dir / rundir.LOGS / f"error_rank{rank}.json",
+        {
+            "rank": rank,
+            "time": time.time(),
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "traceback": traceback.format_exc(),
+        },
+    )
 
 
 def train(run_dir: Path) -> None:
     injected = faults.from_env(os.environ, run_dir)
     exp, facts = load_run(run_dir)
     prepare_worker(facts)
-
-    from qwen3exp.titan import overrides
-    from qwen3exp.titan.job_config import build_checked, init_logging
-
     init_logging()
     rank = int(os.environ.get("RANK", "0"))
     try:
@@ -85,7 +87,7 @@ def _finish(trainer) -> None:
     (purge thread, stager) and the metrics loggers (metrics.jsonl, TensorBoard, W&B flush and
     close their files here), destroy the process groups. The last-step checkpoint and the HF
     export are written synchronously inside `train()`, before "Training completed"."""
-    import torch
+    import torch  # lazy: a rank imports torch only after `prepare_worker` (loaded by torchtitan by now)
 
     checkpointer = getattr(trainer, "checkpointer", None)
     if checkpointer is not None:
@@ -98,12 +100,14 @@ def _finish(trainer) -> None:
 def _refuse(run_dir: Path, exc: ConfigError) -> None:
     """torchtitan refused the configuration before the trainer was built: record it for the launcher
     (which prints it and exits 2), say so in one line, exit 2 at once."""
-    from qwen3exp.titan.job_config import write_refusal
-
     try:
         write_refusal(run_dir, exc)
-        print(f"qwen3exp: rank {os.environ.get('RANK', '0')}: torchtitan refused the configuration "
-              "(the launcher reports why)", file=sys.stderr, flush=True)
+        print(
+            f"qwen3exp: rank {os.environ.get('RANK', '0')}: torchtitan refused the configuration "
+            "(the launcher reports why)",
+            file=sys.stderr,
+            flush=True,
+        )
         sys.stdout.flush()
     finally:
         os._exit(EXIT_CONFIG_ERROR)
@@ -117,8 +121,9 @@ def _fail_fast(run_dir: Path, exc: BaseException) -> None:
         try:
             _write_error(run_dir, exc)
         except OSError as e:  # e.g. the disk is full: the traceback below still says what failed
-            print(f"qwen3exp: rank {os.environ.get('RANK', '0')} could not write its error report: {e}",
-                  file=sys.stderr)
+            print(
+                f"qwen3exp: rank {os.environ.get('RANK', '0')} could not write its error report: {e}", file=sys.stderr
+            )
         traceback.print_exception(exc)
         sys.stdout.flush()
         sys.stderr.flush()

@@ -114,11 +114,19 @@ print(json.dumps({"missing": sorted(info["missing_keys"]), "unexpected": sorted(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
-                    help="training.dtype: parameters, gradients, AdamW states as stored (float32: ~2x the memory)")
-    ap.add_argument("--compute-dtype", default="float32", choices=["float32", "bfloat16"],
-                    help="training.mixed_precision_param (bfloat16 matmuls are ~20x slower than float32 on "
-                         "CPUs without AVX512-BF16)")
+    ap.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["float32", "bfloat16"],
+        help="training.dtype: parameters, gradients, AdamW states as stored (float32: ~2x the memory)",
+    )
+    ap.add_argument(
+        "--compute-dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="training.mixed_precision_param (bfloat16 matmuls are ~20x slower than float32 on "
+        "CPUs without AVX512-BF16)",
+    )
     ap.add_argument("--backend", default="native", choices=["native", "hf"])
     ap.add_argument("--seq-len", type=int, default=32)
     ap.add_argument("--local-batch-size", type=int, default=1)
@@ -139,17 +147,32 @@ def main() -> None:
         write_0p6b_checkpoint(ckpt, max_shard_size=args.max_shard_size)
         print(f"checkpoint: written in {time.perf_counter() - t:.1f} s")
     shards = sorted(p.name for p in ckpt.glob("*.safetensors"))
-    print(f"checkpoint: {ckpt}: {len(shards)} shards + index, "
-          f"{sum((ckpt / s).stat().st_size for s in shards) / GIB:.2f} GiB")
+    print(
+        f"checkpoint: {ckpt}: {len(shards)} shards + index, "
+        f"{sum((ckpt / s).stat().st_size for s in shards) / GIB:.2f} GiB"
+    )
 
     run_dir = work / f"run-{args.backend}-{args.dtype}-{args.compute_dtype}-{time.strftime('%H%M%S')}"
     model = ["model.flavor=auto"] if args.backend == "native" else ["model=hf"]
-    argv = [sys.executable, "-m", "qwen3exp", *model, f"model.hf_assets_path={ckpt}", "checkpoint=hf_roundtrip",
-            f"checkpoint.max_shard_mb={args.export_shard_mb}", f"training.steps={args.steps}",
-            "training.warmup_steps=1", f"training.seq_len={args.seq_len}",
-            f"training.local_batch_size={args.local_batch_size}", f"training.dtype={args.dtype}",
-            f"training.mixed_precision_param={args.compute_dtype}", "launcher.nproc_per_node=2",
-            "validation.enable=false", "metrics.tensorboard=false", f"hydra.run.dir={run_dir}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "qwen3exp",
+        *model,
+        f"model.hf_assets_path={ckpt}",
+        "checkpoint=hf_roundtrip",
+        f"checkpoint.max_shard_mb={args.export_shard_mb}",
+        f"training.steps={args.steps}",
+        "training.warmup_steps=1",
+        f"training.seq_len={args.seq_len}",
+        f"training.local_batch_size={args.local_batch_size}",
+        f"training.dtype={args.dtype}",
+        f"training.mixed_precision_param={args.compute_dtype}",
+        "launcher.nproc_per_node=2",
+        "validation.enable=false",
+        "metrics.tensorboard=false",
+        f"hydra.run.dir={run_dir}",
+    ]
     print("command:", " ".join(argv[1:]))
     t = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -167,30 +190,40 @@ def main() -> None:
     export = summary["export"]
     folder = Path(export["path"])
     out_shards = sorted(p.name for p in folder.glob("*.safetensors"))
-    print(f"run:        {summary['status']} in {wall:.1f} s; step-1 loss {summary['step1_loss']:.4f}; "
-          f"export ok={export['ok']}: {len(out_shards)} shards + "
-          f"{'index' if (folder / 'model.safetensors.index.json').is_file() else 'NO INDEX'}")
+    print(
+        f"run:        {summary['status']} in {wall:.1f} s; step-1 loss {summary['step1_loss']:.4f}; "
+        f"export ok={export['ok']}: {len(out_shards)} shards + "
+        f"{'index' if (folder / 'model.safetensors.index.json').is_file() else 'NO INDEX'}"
+    )
 
     est = int(plan["memory"]["total"])
-    print(f"\nmemory per rank ({args.backend}, {args.dtype} stored, {args.compute_dtype} compute, "
-          f"seq {args.seq_len} x batch {args.local_batch_size}, "
-          f"dp_shard 2); plan estimate {est / GIB:.2f} GiB, + runtime {RANK_RUNTIME_BYTES / GIB:.2f} GiB "
-          f"= {(est + RANK_RUNTIME_BYTES) / GIB:.2f} GiB")
+    print(
+        f"\nmemory per rank ({args.backend}, {args.dtype} stored, {args.compute_dtype} compute, "
+        f"seq {args.seq_len} x batch {args.local_batch_size}, "
+        f"dp_shard 2); plan estimate {est / GIB:.2f} GiB, + runtime {RANK_RUNTIME_BYTES / GIB:.2f} GiB "
+        f"= {(est + RANK_RUNTIME_BYTES) / GIB:.2f} GiB"
+    )
     print(f"  {'process':<8} {'measured peak':>14} {'estimate':>9} {'ratio':>6} {'ratio (+runtime)':>17}")
     for pid, peak in sorted(sampler.peak.items(), key=lambda kv: sampler.labels.get(kv[0], "")):
         label = sampler.labels.get(pid, "?")
         if label.startswith("rank"):
-            print(f"  {label:<8} {peak / GIB:>10.2f} GiB {est / GIB:>5.2f} GiB {peak / est:>6.2f} "
-                  f"{peak / (est + RANK_RUNTIME_BYTES):>17.2f}")
+            print(
+                f"  {label:<8} {peak / GIB:>10.2f} GiB {est / GIB:>5.2f} GiB {peak / est:>6.2f} "
+                f"{peak / (est + RANK_RUNTIME_BYTES):>17.2f}"
+            )
         else:
             print(f"  {label:<8} {peak / GIB:>10.2f} GiB")
     per_step = [x["memory_gib"] for x in rows if x.get("memory_gib") is not None]
     if per_step:
-        print(f"  metrics.jsonl memory_gib (rank 0, peak within each step): {', '.join(f'{v:.2f}' for v in per_step)}"
-              f" GiB; ratio {max(per_step) * GIB / est:.2f}")
+        print(
+            f"  metrics.jsonl memory_gib (rank 0, peak within each step): {', '.join(f'{v:.2f}' for v in per_step)}"
+            f" GiB; ratio {max(per_step) * GIB / est:.2f}"
+        )
     ranks = [v for p, v in sampler.peak.items() if sampler.labels.get(p, "").startswith("rank")]
-    print(f"  sum of the peaks of all processes: {sum(sampler.peak.values()) / GIB:.2f} GiB "
-          f"(the {len(ranks)} ranks: {sum(ranks) / GIB:.2f} GiB)")
+    print(
+        f"  sum of the peaks of all processes: {sum(sampler.peak.values()) / GIB:.2f} GiB "
+        f"(the {len(ranks)} ranks: {sum(ranks) / GIB:.2f} GiB)"
+    )
 
     print()
     t = time.perf_counter()
@@ -198,8 +231,10 @@ def main() -> None:
     if r.returncode != 0:
         raise SystemExit(f"reload failed:\n{r.stderr[-3000:]}")
     reload = json.loads(r.stdout.strip().splitlines()[-1])
-    print(f"reload:     AutoModelForCausalLM in {time.perf_counter() - t:.1f} s: {reload['params']:,} parameters, "
-          f"missing {reload['missing']}, unexpected {reload['unexpected']}, loss {reload['loss']:.4f}")
+    print(
+        f"reload:     AutoModelForCausalLM in {time.perf_counter() - t:.1f} s: {reload['params']:,} parameters, "
+        f"missing {reload['missing']}, unexpected {reload['unexpected']}, loss {reload['loss']:.4f}"
+    )
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ def rope_case(B, S, Hq, Hk, D):
         def step():
             oq, ok = module(q, k, positions)
             (oq.sum() + ok.sum()).backward()
+
         return step
 
     return run(stock), run(ours)
@@ -82,6 +83,7 @@ def moe_case(T, K, D, F, E, block):
     def run(module):
         def step():
             module(x, counts).sum().backward()
+
         return step
 
     return run(stock), run(ours)
@@ -101,8 +103,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"forward+backward, median of {args.repeats}, {args.threads} thread(s); ratio = override / stock "
-          f"(goal <= 1.2)")
+    print(
+        f"forward+backward, median of {args.repeats}, {args.threads} thread(s); ratio = override / stock (goal <= 1.2)"
+    )
     worst = 0.0
     for name, make in CASES.items():
         stock, ours = make()

@@ -32,9 +32,21 @@ def _env():
 
 def ours(run_dir: Path, steps: int) -> float:
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "qwen3exp", f"training.steps={steps}", "training.warmup_steps=2",
-                    f"hydra.run.dir={run_dir}"], check=True, env=_env(), cwd=REPO,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qwen3exp",
+            f"training.steps={steps}",
+            "training.warmup_steps=2",
+            f"hydra.run.dir={run_dir}",
+        ],
+        check=True,
+        env=_env(),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return time.perf_counter() - t
 
 
@@ -44,10 +56,27 @@ def direct(source_run: Path, out: Path) -> float:
     env = _env()
     env.update(json.loads((source_run / "platform.json").read_text())["env"])
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                    "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
-                    str(REPO / "tests/bench/direct_worker.py"), str(source_run), str(out)],
-                   check=True, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "localhost:0",
+            str(REPO / "tests/bench/direct_worker.py"),
+            str(source_run),
+            str(out),
+        ],
+        check=True,
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return time.perf_counter() - t
 
 

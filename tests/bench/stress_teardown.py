@@ -39,8 +39,14 @@ def one_run(repo: Path, run_dir: Path, overrides: list[str], timeout: float) -> 
     env = dict(os.environ, PYTHONPATH=str(repo), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     t = time.monotonic()
     try:
-        r = subprocess.run([sys.executable, "-m", "qwen3exp", *overrides, f"hydra.run.dir={run_dir}"],
-                           cwd=repo, env=env, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(
+            [sys.executable, "-m", "qwen3exp", *overrides, f"hydra.run.dir={run_dir}"],
+            cwd=repo,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         code, out = r.returncode, r.stdout + r.stderr
     except subprocess.TimeoutExpired as e:
         code, out = "timeout", (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace")
@@ -81,20 +87,29 @@ def main(argv: list[str] | None = None) -> int:
         ok = res["status"] == "completed" and res["exit_code"] == 0
         completed += ok
         aborts += res["abort_in_logs"]
-        print(f"  {i:3d}/{args.runs}  {res['status']:<11} exit {res['exit_code']}  steps {res['steps']}  "
-              f"{res['wall']:5.1f}s" + ("  [teardown abort in rank logs]" if res["abort_in_logs"] else "")
-              + ("" if ok else f"  error: {res['error']}"), flush=True)
+        print(
+            f"  {i:3d}/{args.runs}  {res['status']:<11} exit {res['exit_code']}  steps {res['steps']}  "
+            f"{res['wall']:5.1f}s"
+            + ("  [teardown abort in rank logs]" if res["abort_in_logs"] else "")
+            + ("" if ok else f"  error: {res['error']}"),
+            flush=True,
+        )
         if not ok:
             failures.append((i, res))
         if ok or not args.keep_failed:
             shutil.rmtree(run_dir, ignore_errors=True)
     if not any(root.iterdir()):
         root.rmdir()
-    print(f"\nstress_teardown: {completed} completed, {len(failures)} failed of {args.runs} runs "
-          f"({aborts} with '{ABORT}' in a rank log) in {time.monotonic() - start:.0f}s", flush=True)
+    print(
+        f"\nstress_teardown: {completed} completed, {len(failures)} failed of {args.runs} runs "
+        f"({aborts} with '{ABORT}' in a rank log) in {time.monotonic() - start:.0f}s",
+        flush=True,
+    )
     for i, res in failures:
-        print(f"\n--- run {i}: status {res['status']}, exit {res['exit_code']}, "
-              f"'Training completed' lines {res['completed_lines']}\n  error: {res['error']}\n{res['tail']}")
+        print(
+            f"\n--- run {i}: status {res['status']}, exit {res['exit_code']}, "
+            f"'Training completed' lines {res['completed_lines']}\n  error: {res['error']}\n{res['tail']}"
+        )
     return 1 if failures else 0
 
 

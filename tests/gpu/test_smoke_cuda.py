@@ -17,8 +17,13 @@ SCRIPT = Path(__file__).resolve().parent / "smoke_cuda.sh"
 
 
 def test_tiny_experiments_train_on_cuda_with_flex_attention(tmp_path):
-    r = subprocess.run(["bash", str(SCRIPT), sys.executable], capture_output=True, text=True, timeout=1800,
-                       env={**__import__("os").environ, "SMOKE_OUT": str(tmp_path)})
+    r = subprocess.run(
+        ["bash", str(SCRIPT), sys.executable],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={**__import__("os").environ, "SMOKE_OUT": str(tmp_path)},
+    )
     assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-5000:]
     assert "tiny_native: status=completed" in r.stdout
     assert "attention=flex" in r.stdout and "backend=nccl" in r.stdout

@@ -25,8 +25,9 @@ import torch.distributed as dist
 __version__ = "2.14.3.0+fake"
 
 _lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
-_count = int(os.environ.get("FAKE_NEURON_DEVICE_COUNT")
-             or int(os.environ.get("FAKE_NEURON_PHYSICAL_CORES", "128")) // _lnc)
+_count = int(
+    os.environ.get("FAKE_NEURON_DEVICE_COUNT") or int(os.environ.get("FAKE_NEURON_PHYSICAL_CORES", "128")) // _lnc
+)
 _GIB = 2**30
 calls: list[str] = []
 
@@ -37,8 +38,12 @@ neuron.current_device = lambda: 0
 neuron.set_device = lambda device: calls.append(f"set_device({device})")
 neuron.get_device_name = lambda device=None: "trn2"
 neuron.get_device_properties = lambda device=None: SimpleNamespace(name="trn2", total_memory=12 * _lnc * _GIB)
-neuron.memory_stats = lambda device=None: {"active_bytes.all.peak": 0, "reserved_bytes.all.peak": 0,
-                                           "num_alloc_retries": 0, "num_ooms": 0}
+neuron.memory_stats = lambda device=None: {
+    "active_bytes.all.peak": 0,
+    "reserved_bytes.all.peak": 0,
+    "num_alloc_retries": 0,
+    "num_ooms": 0,
+}
 neuron.reset_peak_memory_stats = lambda device=None: None
 neuron.empty_cache = lambda: None
 neuron.synchronize = lambda device=None: None
@@ -54,7 +59,8 @@ def _create_process_group(store, rank, world_size, timeout):
     raise RuntimeError(
         f"fake torch_neuronx: process group 'neuron' requested (rank {rank} of {world_size}, timeout "
         f"{timeout.total_seconds():.0f}s, NEURON_LOGICAL_NC_CONFIG={os.environ.get('NEURON_LOGICAL_NC_CONFIG')}, "
-        f"TORCH_NEURONX_NEFF_CACHE_DIR={os.environ.get('TORCH_NEURONX_NEFF_CACHE_DIR')}, calls={calls})")
+        f"TORCH_NEURONX_NEFF_CACHE_DIR={os.environ.get('TORCH_NEURONX_NEFF_CACHE_DIR')}, calls={calls})"
+    )
 
 
 if not os.environ.get("FAKE_NEURON_NO_BACKEND"):

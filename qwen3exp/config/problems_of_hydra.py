@@ -1,0 +1,87 @@
+"""Hydra's and OmegaConf's errors as Problems that name the key, the value and what is allowed."""
+
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+from qwen3exp.config.schema import Experiment
+from qwen3exp.config.translate import describe
+from qwen3exp.errors import MISSING, Problem, did_you_mean, one_of
+
+
+def omegaconf_problem(e: Exception) -> Problem:
+    """An interpolation that does not resolve (`${nope}`, a cycle, an unset `${oc.env:X}`) or another
+    OmegaConf error, as a Problem naming the key."""
+    key = getattr(e, "full_key", None) or "(interpolation)"
+    msg = str(getattr(e, "msg", None) or e).strip().splitlines()
+    text = msg[0] if msg else type(e).__name__
+    if "Recursive interpolation" in text:
+        text = "the interpolation refers back to itself (a cycle)"
+    return Problem(
+        str(key),
+        _raw_value(e),
+        f"cannot resolve: {text}",
+        "a value, or ${other.key} / ${oc.env:VAR} / ${oc.env:VAR,default} that resolves",
+        "set the missing key or environment variable, or give oc.env a default",
+    )
+
+
+def _raw_value(e: Exception):
+    node = getattr(e, "child_node", None)
+    try:
+        return node._value() if node is not None else MISSING
+    except Exception:
+        return MISSING
+
+
+def describe_key(key: str) -> str | None:
+    return describe(Experiment, key)
+
+
+def problems_from_compose_error(e: Exception, parsed: list, base) -> list[Problem]:
+    """Name the offending override: an unknown key gets the keys that exist and a 'did you mean'."""
+    problems = []
+    for ov in parsed:
+        key = ov.key_or_group
+        if key.startswith("hydra.") or ov.is_add() or base is None:
+            continue
+        parent_key, _, leaf = key.rpartition(".")
+        sections = [str(k) for k in base.keys() if k != "hydra"]
+        parent = OmegaConf.select(base, parent_key) if parent_key else base
+        if parent is None or not OmegaConf.is_dict(parent):
+            top = key.split(".")[0]
+            problems.append(
+                Problem(
+                    key,
+                    ov.get_value_element_as_str(),
+                    f"unknown section {parent_key or top!r}",
+                    one_of(sections),
+                    did_you_mean(parent_key or top, sections),
+                    source=f"command line {ov.input_line}",
+                )
+            )
+        elif leaf not in parent:
+            siblings = [str(k) for k in parent.keys()]
+            full = [f"{parent_key}.{s}" if parent_key else s for s in siblings]
+            problems.append(
+                Problem(
+                    key,
+                    ov.get_value_element_as_str(),
+                    "unknown key",
+                    one_of(siblings),
+                    did_you_mean(key, full),
+                    source=f"command line {ov.input_line}",
+                )
+            )
+    if not problems:
+        msg = str(e)
+        first = msg.strip().splitlines()[0] if msg.strip() else type(e).__name__
+        problems.append(
+            Problem(
+                parsed[0].key_or_group if parsed else "(composition)",
+                " ".join(o.input_line for o in parsed),
+                first,
+                source="command line",
+            )
+        )
+    return problems

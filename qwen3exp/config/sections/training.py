@@ -1,0 +1,61 @@
+"""The `training` section: steps, batch, optimizer and precision."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from qwen3exp.config.sections.base import INT_MAX, NonNegInt, PosInt, Strict, tagged
+
+LOSS_CHUNKS = 8
+"""The chunks torchtitan's `ChunkedLossWrapper` cuts a rank's tokens into (`to_torchtitan` keeps
+num_chunks=8): seq_len / cp must divide by it (`qwen3exp.config.rules.sequence_problems`), and the
+loss logits of one chunk are what the memory estimate counts (`qwen3exp.plan.memory`)."""
+
+
+class Training(Strict):
+    steps: PosInt = 30
+    seq_len: PosInt = 256
+    local_batch_size: PosInt = 8
+    global_batch_size: Annotated[int, Field(le=INT_MAX)] = -1
+    """-1: local_batch_size x data-parallel degree (no gradient accumulation)."""
+    lr: Annotated[float, Field(gt=0)] = 3e-3
+    warmup_steps: NonNegInt | None = None
+    """Linear warm-up steps. None: derived from `steps` (`warmup`: min(5, max(1, steps // 5))), so that
+    a short smoke test (training.steps=3) needs no second override; an explicit value must fit."""
+    decay_type: Literal["linear", "sqrt", "cosine"] = "cosine"
+    min_lr_factor: Annotated[float, Field(ge=0, le=1)] = 0.1
+    weight_decay: Annotated[float, Field(ge=0)] = 0.1
+    max_norm: Annotated[float, Field(gt=0)] = 1.0
+    seed: NonNegInt = 42
+    deterministic: bool = False
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of the parameters as stored (FSDP keeps float32 master weights by default)."""
+    mixed_precision_param: Literal["float32", "bfloat16"] = "float32"
+    """Dtype FSDP all-gathers parameters in for compute."""
+    activation_checkpoint: Literal["none", "selective", "full"] = "none"
+    compile: bool = False
+    """torch.compile the model and loss (backend chosen by the platform)."""
+
+    @property
+    def warmup(self) -> int:
+        """The warm-up the run uses: `warmup_steps`, or the value derived from `steps`."""
+        return self.warmup_steps if self.warmup_steps is not None else min(5, max(1, self.steps // 5))
+
+    @model_validator(mode="after")
+    def _batch(self) -> Training:
+        if self.global_batch_size == 0 or self.global_batch_size < -1:
+            raise ValueError(
+                tagged(
+                    "global_batch_size",
+                    self.global_batch_size,
+                    "must be positive, or -1 for local_batch_size x dp",
+                    "-1 or an integer > 0",
+                )
+            )
+        if self.warmup_steps is not None and self.warmup_steps > self.steps:
+            raise ValueError(
+                tagged("warmup_steps", self.warmup_steps, f"exceeds training.steps ({self.steps})", f"0..{self.steps}")
+            )
+        return self

@@ -1,0 +1,71 @@
+"""Whether this launcher process has started a job yet, and how a check ends the launch: a refusal
+(exit 2) or a crashed check (exit 70), before anything started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import traceback
+
+from qwen3exp.errors import EXIT_CHECK_CRASHED, EXIT_CONFIG_ERROR, ConfigError
+
+
+def refuse(e: ConfigError) -> None:
+    print(e.render(), file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_CONFIG_ERROR)
+
+
+STARTED: list[bool] = [False]
+"""Whether this process's launcher has started (or submitted) a job: until then, whatever stops the
+launch (a refusal, a crash in a check, Ctrl-C or SIGHUP while planning) leaves nothing behind."""
+
+
+def job_started() -> bool:
+    return STARTED[0]
+
+
+def checked(check, *args, **kwargs):
+    """`check(...)`; an exception other than a refusal is a bug in qwen3exp: said so, with its
+    traceback (for the bug report), and exit EXIT_CHECK_CRASHED with nothing started."""
+    try:
+        return check(*args, **kwargs)
+    except ConfigError as e:
+        refuse(e)
+        raise
+    except Exception as e:
+        traceback.print_exc()
+        print(
+            f"qwen3exp: a check crashed ({type(e).__name__}: {str(e)[:300]}); this is a bug in qwen3exp, not "
+            "a mistake of yours: please report it with the traceback above. Nothing was started.",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(EXIT_CHECK_CRASHED) from None
+
+
+_LAUNCHER: list[object] = [None]
+
+
+def mark_started(launcher: object) -> None:
+    """A job of a batch is about to start (or be submitted) through this launcher section."""
+    STARTED[0] = True
+    _LAUNCHER[0] = launcher
+
+
+def started_launcher() -> object:
+    """The launcher section of the batch that started (`mark_started`)."""
+    return _LAUNCHER[0]
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP outside a job (while checking, between two jobs): stop like Ctrl-C."""
+
+
+def on_sigterm(signum, _frame):
+    if signum == signal.SIGHUP and job_started():
+        # A job is running: its launcher stops the ranks and records the run on SIGTERM (qwen3exp's
+        # local launcher installs that handler for the job's lifetime); a hang-up means the same.
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    raise Terminated()
