@@ -208,7 +208,7 @@ def test_hf_backend_moe_loads_exports_and_reloads_with_umask_027(moe, hf, refere
 def test_upstream_moe_swap_still_skipped():
     """torchtitan 0.3.0 never swaps its MoE into the Transformers backend (it iterates a ModuleDict's
     keys); when this fails, upstream is fixed and `moe_load_balancing_hook` / `replicate_hf_moe_blocks`
-    in qwen3exp/titan/hf_model.py can go."""
+    in qwen3exp/titan/hf_moe.py can go."""
     import inspect
 
     import torch

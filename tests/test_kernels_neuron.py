@@ -315,7 +315,7 @@ def test_moe_calls_moe_cte_and_blockwise_mm_bwd_with_their_layouts(fake_neuron):
     assert pos.shape == (N * 128,) and b2e.shape == (N, 1) and bs == 128
     assert gu_t.shape == (N, 2, 8, 128) and d_act.shape == (N, 128, 16)
     # the same numbers as the PyTorch implementation
-    from qwen3exp.kernels.moe_blockwise import moe_forward_pytorch
+    from qwen3exp.kernels.moe_pytorch import moe_forward_pytorch
 
     want = moe_forward_pytorch(
         hidden.detach(), aff.detach(), gate_up.detach(), down.detach(), r.token_position_to_id, r.block_to_expert, 128
@@ -328,7 +328,7 @@ def test_moe_calls_moe_cte_and_blockwise_mm_bwd_with_their_layouts(fake_neuron):
     assert name == "blockwise_mm_bwd" and grid == 2
     assert args[4].shape == (N, 2, 8, 128) and args[5].shape == (N, 128, 16) and args[7].shape == (N, 1)
     assert args[8].shape == (301, 16) and args[9] == 128
-    from qwen3exp.kernels.moe_blockwise import moe_backward_pytorch
+    from qwen3exp.kernels.moe_pytorch import moe_backward_pytorch
 
     ref = moe_backward_pytorch(
         grad,

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from qwen3exp.run import rundir
+from qwen3exp.run import metrics_file, rundir
 
 
 def _strict(line: str) -> dict:
@@ -73,11 +73,11 @@ def test_readers_take_a_null_loss(tmp_path):
         },
     ]
     (tmp_path / rundir.METRICS).write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))
-    assert rundir.read_metrics(tmp_path) == rows
+    assert metrics_file.read_metrics(tmp_path) == rows
     run = report.load_run(tmp_path, experiment={"name": "x"})
     assert run.final_loss is None and run.steps == 2
     t = report.table([run])
     assert "-" in report.render_terminal(t)  # a null loss shows as "-"
     report.plot_losses(t, tmp_path / "loss.png")  # the null point is left out of the curve
-    rundir.truncate_metrics(tmp_path, 2)  # a resume rewrites the rows: still strict JSON
+    metrics_file.truncate_metrics(tmp_path, 2)  # a resume rewrites the rows: still strict JSON
     assert [_strict(line) for line in (tmp_path / rundir.METRICS).read_text().splitlines()] == rows

@@ -405,7 +405,7 @@ def test_dry_run_prints_the_plan_without_torch(tmp_path):
 
     assert re.search(r"\n  model\.flavor +4B +command line model\.flavor=4B\n", out), out
     assert re.search(r"\n  training\.steps +30 +experiment file conf/experiment/tiny_native\.yaml\n", out)
-    assert re.search(r"\n  training\.seed +42 +root config conf/config\.yaml\n", out)
+    assert re.search(r"\n  training\.seed +42 +schema default\n", out)
     for text in (
         "dp_shard: -1 -> 2 (world 2 / other degrees 1)",
         "parameters: total 4,022,468,096 (4.02B)",

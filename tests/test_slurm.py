@@ -183,14 +183,13 @@ def test_a_job_killed_under_the_submitter_ends_its_wait_naming_the_job(cluster, 
         jobs = lambda: [p.name for p in (run / ".submitit").glob("*") if p.is_dir()]  # noqa: E731
         wait_for(lambda: bool(jobs()), proc=proc, timeout=120, what="the submission")
         (job,) = jobs()
-        running = lambda: (
-            subprocess.run(
-                ["squeue", "-h", "-o", "%T", "-j", job.split("_")[0]],  # noqa: E731
-                capture_output=True,
-                text=True,
-            ).stdout.strip()
-            == "RUNNING"
-        )
+
+        def running() -> bool:
+            state = subprocess.run(
+                ["squeue", "-h", "-o", "%T", "-j", job.split("_")[0]], capture_output=True, text=True
+            )
+            return state.stdout.strip() == "RUNNING"
+
         wait_for(running, proc=proc, timeout=120, what=f"job {job} to run")
         subprocess.run(["scancel", "--signal=KILL", "--full", job.split("_")[0]], check=True)
         killed = time.monotonic()

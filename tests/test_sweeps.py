@@ -291,8 +291,8 @@ def test_changed_base_config_is_refused_before_any_job(sweep, tmp_path):
     conf = tmp_path / "conf"
     shutil.copytree(REPO / "conf", conf)
     text = (conf / "config.yaml").read_text()
-    assert "  max_norm: 1.0\n" in text
-    (conf / "config.yaml").write_text(text.replace("  max_norm: 1.0\n", "  max_norm: 0.5\n"))
+    assert "\nhydra:\n" in text and "max_norm" not in text  # the schema's default, 1.0, holds
+    (conf / "config.yaml").write_text(text.replace("\nhydra:\n", "\ntraining:\n  max_norm: 0.5\n\nhydra:\n", 1))
     before = sorted(str(p) for p in d.rglob("*"))
     r = run_cli("--config-path", str(conf), *SWEEP, f"hydra.sweep.dir={d}")
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]

@@ -22,37 +22,13 @@ recorded run.
 from __future__ import annotations
 
 import importlib.util
-import re
 from pathlib import Path
 
+from qwen3exp.analysis.recorded_hydra import LOG_FILENAMES, hydra_section_problems
+from qwen3exp.analysis.recorded_keys import DATA_NOT_CODE, dotted_key, refused, walk
 from qwen3exp.errors import Problem
 from qwen3exp.run import records
 
-DATA_NOT_CODE = (
-    "a recorded run directory is data and qwen3exp never runs code from it; if you wrote "
-    "this yourself, put it in an experiment file and run python -m qwen3exp"
-)
-ALLOWED_TARGETS = {
-    "hydra.launcher": (
-        "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
-        "hydra_plugins.qwen3exp_launcher.launcher.Qwen3expLauncher",
-        "hydra_plugins.hydra_submitit_launcher.submitit_launcher.*Launcher",
-    ),
-    "hydra.sweeper": (
-        "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
-        "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper",
-    ),
-    "hydra.sweeper.sampler": ("optuna.samplers.*Sampler",),
-}
-"""Where a recorded `hydra:` section may name a class, and which: Hydra's own launcher and sweeper
-plugins (and Optuna's samplers), nothing else. `*` stands for one identifier (no dots)."""
-LOG_HANDLER_CLASSES = ("logging.StreamHandler", "logging.FileHandler")
-LOG_STREAMS = ("ext://sys.stdout", "ext://sys.stderr")
-LOG_FILENAMES = (
-    "${hydra.runtime.output_dir}/${hydra.job.name}.log",
-    "${hydra:runtime.output_dir}/${hydra.job.name}.log",
-)
-"""Hydra's default job log file; any other path lets a recorded file append to, e.g., ~/.bashrc."""
 INTERPOLATION = "${"
 """What starts an OmegaConf interpolation or resolver call (escaped or not: `\\${` is refused too)."""
 
@@ -66,10 +42,10 @@ def recorded_code_problems(config_yaml: Path, run: Path, overrides: tuple[str, .
     none); in `hydra:` every `_target_` that is not an ALLOWED_TARGETS plugin at its place, every
     `()` factory, any `hydra.callbacks`, `hydra.launcher.setup` (shell lines), `hydra.job.env_set`
     (LD_PRELOAD, PYTHONPATH load code), `hydra.searchpath`, multirun mode, an `output_subdir`
-    other than .hydra, and logging that is not Hydra's default shape; `kernels.overrides` whose
-    module lies inside the run directory (an override import is code by design, but must be
-    code you installed, not a file that came with the run); any interpolation `${...}` whose key
-    the relaunch's `overrides` do not set (see the module's docstring)."""
+    other than .hydra, and logging that is not Hydra's default shape (`qwen3exp.analysis.recorded_hydra`);
+    `kernels.overrides` whose module lies inside the run directory (an override import is code by
+    design, but must be code you installed, not a file that came with the run); any interpolation
+    `${...}` whose key the relaunch's `overrides` do not set (see the module's docstring)."""
     try:
         data = records.load_yaml(config_yaml)
     except records.Unreadable as e:
@@ -91,16 +67,22 @@ def recorded_code_problems(config_yaml: Path, run: Path, overrides: tuple[str, .
         ]
     problems: list[Problem] = []
     if "defaults" in data:
-        problems.append(_code("defaults", data["defaults"], "a defaults list selects config groups (code among them)"))
-    for path, key, value in _walk({k: v for k, v in data.items() if k not in ("hydra", "defaults")}):
+        problems.append(
+            refused("defaults", data["defaults"], "a defaults list selects config groups (code among them)")
+        )
+    for path, key, value in walk({k: v for k, v in data.items() if k not in ("hydra", "defaults")}):
         if key in ("_target_", "()"):
             problems.append(
-                _code(_join(path, key), value, "qwen3exp's experiment has no targets: qwen3exp did not write this file")
+                refused(
+                    dotted_key(path, key),
+                    value,
+                    "qwen3exp's experiment has no targets: qwen3exp did not write this file",
+                )
             )
     hydra = data.get("hydra")
     if hydra is not None:
         problems += (
-            _hydra_problems(hydra)
+            hydra_section_problems(hydra)
             if isinstance(hydra, dict)
             else [Problem("hydra", hydra, "not a mapping", "no hydra section (a run records it in hydra.yaml)")]
         )
@@ -115,8 +97,8 @@ def interpolation_problems(data: dict, overrides: tuple[str, ...] = ()) -> list[
     under a key the relaunch's own overrides set (replaced before anything is resolved)."""
     given = [o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o]
     problems: list[Problem] = []
-    for path, key, value in _walk(data):
-        dotted = _join(path, key)
+    for path, key, value in walk(data):
+        dotted = dotted_key(path, key)
         if any(dotted == g or dotted.startswith((g + ".", g + "[")) for g in given):
             continue
         if INTERPOLATION in key:
@@ -179,119 +161,6 @@ def hydra_folder_problems(hydra_dir: Path) -> list[Problem]:
     ]
 
 
-def _hydra_problems(hydra: dict) -> list[Problem]:
-    problems: list[Problem] = []
-    callbacks = hydra.get("callbacks")
-    if callbacks:
-        for name, cb in callbacks.items() if isinstance(callbacks, dict) else [("", callbacks)]:
-            target = cb.get("_target_") if isinstance(cb, dict) else cb
-            problems.append(
-                _code(
-                    _join("hydra.callbacks", name),
-                    target,
-                    "Hydra instantiates every callback (imports and calls its _target_)",
-                )
-            )
-    launcher = hydra.get("launcher")
-    if isinstance(launcher, dict) and launcher.get("setup"):  # submitit runs them in every SLURM job
-        problems.append(_code("hydra.launcher.setup", launcher["setup"], "shell lines every launched job runs"))
-    job = hydra.get("job")
-    if isinstance(job, dict) and job.get("env_set"):
-        problems.append(
-            _code(
-                "hydra.job.env_set",
-                job["env_set"],
-                "environment variables set for the run load code (LD_PRELOAD, PYTHONPATH, ...)",
-            )
-        )
-    if hydra.get("searchpath"):
-        problems.append(_code("hydra.searchpath", hydra["searchpath"], "adds config sources the run would read"))
-    if hydra.get("mode") not in (None, "RUN"):
-        problems.append(Problem("hydra.mode", hydra["mode"], "relaunch repeats one recorded run", "RUN (or absent)"))
-    if hydra.get("output_subdir") not in (None, ".hydra"):
-        problems.append(
-            Problem(
-                "hydra.output_subdir",
-                hydra["output_subdir"],
-                "Hydra would write its files outside the new run's .hydra folder",
-                ".hydra",
-            )
-        )
-    logging_sections = ("job_logging", "hydra_logging")
-    for path, key, value in _walk(
-        {k: v for k, v in hydra.items() if k not in ("callbacks", *logging_sections)}, ("hydra",)
-    ):
-        if key == "_target_" and not allowed_target(".".join(path), value):
-            allowed = ALLOWED_TARGETS.get(".".join(path))
-            problems.append(
-                _code(
-                    _join(path, key),
-                    value,
-                    "Hydra would import and call it",
-                    ", ".join(allowed)
-                    if allowed
-                    else "no _target_ here (only hydra.launcher, hydra.sweeper and hydra.sweeper.sampler)",
-                )
-            )
-        elif key == "()":
-            problems.append(_code(_join(path, key), value, "Hydra would call this factory"))
-    for section in logging_sections:
-        if isinstance(hydra.get(section), dict):
-            problems += _logging_problems(hydra[section], ("hydra", section))
-        elif hydra.get(section) is not None:
-            problems.append(Problem(f"hydra.{section}", hydra[section], "not a mapping", "Hydra's logging config"))
-    return problems
-
-
-def _logging_problems(conf: dict, where: tuple[str, ...]) -> list[Problem]:
-    """`logging.config.dictConfig` imports a handler's `class`, calls `()` factories and resolves
-    `ext://` names; Hydra's default shape has only StreamHandler/FileHandler and plain formatters."""
-    problems: list[Problem] = []
-    why = "logging.config would import and run it"
-    for path, key, value in _walk(conf, where):
-        if key == "()":
-            problems.append(_code(_join(path, key), value, why))
-        elif isinstance(value, str) and value.startswith("ext://") and value not in LOG_STREAMS:
-            problems.append(_code(_join(path, key), value, why, ", ".join(LOG_STREAMS)))
-    handlers = conf.get("handlers")
-    for name, handler in handlers.items() if isinstance(handlers, dict) else []:
-        if not isinstance(handler, dict):
-            problems.append(
-                Problem(
-                    _join((*where, "handlers"), str(name)),
-                    handler,
-                    "not a mapping",
-                    "a handler: class, formatter, level, stream or filename",
-                )
-            )
-            continue
-        at = _join((*where, "handlers", str(name)), "class")
-        cls = handler.get("class")
-        if cls is not None and cls not in LOG_HANDLER_CLASSES:
-            problems.append(_code(at, cls, why, ", ".join(LOG_HANDLER_CLASSES)))
-        if cls == "logging.FileHandler" and handler.get("filename") not in LOG_FILENAMES:
-            problems.append(
-                _code(
-                    _join((*where, "handlers", str(name)), "filename"),
-                    handler.get("filename"),
-                    "a log file outside the new run directory (log lines appended to any file)",
-                    LOG_FILENAMES[0],
-                )
-            )
-    formatters = conf.get("formatters")
-    for name, formatter in formatters.items() if isinstance(formatters, dict) else []:
-        if isinstance(formatter, dict) and "class" in formatter:
-            problems.append(
-                _code(
-                    _join((*where, "formatters", str(name)), "class"),
-                    formatter["class"],
-                    why,
-                    "format and datefmt only",
-                )
-            )
-    return problems
-
-
 def _override_import_problems(data: dict, run: Path) -> list[Problem]:
     kernels = data.get("kernels")
     entries = kernels.get("overrides") if isinstance(kernels, dict) else None
@@ -312,42 +181,10 @@ def _override_import_problems(data: dict, run: Path) -> list[Problem]:
         inside = [p for p in places if Path(p).resolve().is_relative_to(run)]
         if inside:
             problems.append(
-                _code(
+                refused(
                     f"kernels.overrides[{i}].target",
                     target,
                     f"the module would be imported from the run directory ({inside[0]})",
                 )
             )
     return problems
-
-
-def allowed_target(place: str, target) -> bool:
-    """Whether `target` is one of Hydra's own plugins allowed at `place` (e.g. `hydra.launcher`)."""
-    patterns = ALLOWED_TARGETS.get(place, ())
-    return isinstance(target, str) and any(
-        re.fullmatch(re.escape(p).replace(r"\*", r"[A-Za-z_][A-Za-z0-9_]*"), target) for p in patterns
-    )
-
-
-def _code(key: str, value, why: str, allowed: str | None = None) -> Problem:
-    return Problem(key, value, why, allowed, hint=f"refused: {DATA_NOT_CODE}")
-
-
-def _walk(node, path: tuple[str, ...] = ()):
-    """(path of the parent, key, value) of every mapping entry, depth first; list items are `[i]`."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield path, str(key), value
-            yield from _walk(value, (*path, str(key)))
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            yield from _walk(value, (*path, f"[{i}]"))
-
-
-def _join(path: str | tuple[str, ...], key: str) -> str:
-    """The dotted key of `key` under `path` (list items as `[i]`): hydra.callbacks.x._target_."""
-    out = ""
-    for part in ((path,) if isinstance(path, str) else path) + (key,):
-        if part:
-            out += part if (part.startswith("[") or not out) else "." + part
-    return out

@@ -36,7 +36,7 @@ from qwen3exp.config.composer import Composer
 from qwen3exp.config.names import stamp
 from qwen3exp.config.schema import validate_experiment
 from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError, Problem, printable
-from qwen3exp.run import identity, provenance, records, rundir
+from qwen3exp.run import identity, metrics_file, provenance, records, rundir
 from qwen3exp.run.identity import differences
 
 
@@ -122,9 +122,10 @@ def _check_target(run: Path, target: Path) -> None:
                     "hydra.run.dir",
                     str(target),
                     "is the recorded run itself" if same else "already holds a run or a checkpoint",
-                    "a new or empty directory (relaunch starts a new run; the default is outputs/<name>/<stamp>-relaunch)",
-                    hint="to continue a run, rerun its own command (command.txt) in its folder; a checkpoint that came with "
-                    "a recorded run is never loaded (DCP checkpoints are pickles)",
+                    "a new or empty directory (relaunch starts a new run; the default is "
+                    "outputs/<name>/<stamp>-relaunch)",
+                    hint="to continue a run, rerun its own command (command.txt) in its folder; a checkpoint that "
+                    "came with a recorded run is never loaded (DCP checkpoints are pickles)",
                 )
             ]
         )
@@ -217,8 +218,8 @@ def _code_notes(run: Path, then: dict, now: dict, diff_now: str | None) -> list[
 
 def compare_losses(a: Path, b: Path) -> str:
     # A non-finite loss is recorded as null (metrics.jsonl is strict JSON): not comparable.
-    ra = {m["step"]: m["loss"] for m in rundir.read_metrics(a) if m.get("loss") is not None}
-    rb = {m["step"]: m["loss"] for m in rundir.read_metrics(b) if m.get("loss") is not None}
+    ra = {m["step"]: m["loss"] for m in metrics_file.read_metrics(a) if m.get("loss") is not None}
+    rb = {m["step"]: m["loss"] for m in metrics_file.read_metrics(b) if m.get("loss") is not None}
     common = sorted(set(ra) & set(rb))
     if not common:
         return "qwen3exp relaunch: no common logged steps to compare losses"

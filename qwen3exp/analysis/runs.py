@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qwen3exp.run import objective, records, rundir
+from qwen3exp.run import metrics_file, objective, records, rundir
 
 
 @dataclass
@@ -101,7 +101,7 @@ def load_run(path: Path, *, experiment: dict | None = None) -> Run:
     rows: list[dict] = []
     skipped: list[str] = []
     try:
-        rows, skipped = rundir.scan_metrics(path)
+        rows, skipped = metrics_file.scan_metrics(path)
     except records.Unreadable as e:
         problems.append(str(e))
     return Run(

@@ -85,7 +85,7 @@ class JobConfigs(ConfigLoader):
     def _compose(self, master: DictConfig, overrides: list[str]) -> DictConfig:
         split = self._split(master, overrides)
         template = self._templates.get((id(master), split.shape)) if split is not None else None
-        if template is None:
+        if template is None or split is None:
             COMPOSED["job"] += 1
             cfg = self.inner.load_sweep_config(master, overrides)
             if split is not None:  # a copy: the launcher changes the job's own config
@@ -156,5 +156,5 @@ def _override_dirname(task: list[str], conf: Any) -> str:
     sorted, joined by item_sep, with `=` written as kv_sep."""
     exclude = set(conf.exclude_keys)
     parser = OverridesParser.create()
-    lines = sorted(o.input_line for o in parser.parse_overrides(task) if o.key_or_group not in exclude)
+    lines = sorted(str(o.input_line) for o in parser.parse_overrides(task) if o.key_or_group not in exclude)
     return re.sub("[=]", str(conf.kv_sep), str(conf.item_sep).join(lines))

@@ -7,54 +7,21 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.plugins import Plugins
-from hydra.plugins.sweeper import Sweeper
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from qwen3exp.config import credentials, sweeps
-from qwen3exp.config.argv import BASIC_SWEEPER, GROUPS, LAUNCHER_TARGET, Invocation, parse_overrides, quote_value
-from qwen3exp.config.compose import config_sources, experiment_data
+from qwen3exp.config import choices, credentials, sweeps
+from qwen3exp.config.argv import BASIC_SWEEPER, GROUPS, Invocation, parse_overrides, quote_value
+from qwen3exp.config.compose import experiment_data
 from qwen3exp.config.composer import Composer
 from qwen3exp.config.names import placement_problems
 from qwen3exp.config.problems_of_hydra import omegaconf_problem
 from qwen3exp.config.schema import Checked, check_experiment
 from qwen3exp.config.sweeps import representative_values
-from qwen3exp.errors import ConfigError, Problem, did_you_mean, one_of
-
-
-def shadowed(cfg) -> list[Problem]:
-    """A file of the user's that has the name of an option of an earlier config directory (the
-    packaged one): Hydra takes the first in its search path, so the user's would be ignored without
-    a word. Looked up in the config sources the composition used (`hydra.runtime.config_sources`)."""
-
-    dirs = [
-        Path(s["path"])
-        for s in config_sources(cfg)
-        if s["schema"] == "file" and s["provider"] not in ("hydra", "schema")
-    ]
-    problems = []
-    for group in GROUPS:
-        seen: dict[str, Path] = {}
-        for d in dirs:
-            for f in sorted((d / group).glob("*.yaml")) if (d / group).is_dir() else []:
-                if f.stem in seen and seen[f.stem] != d:
-                    problems.append(
-                        Problem(
-                            group,
-                            f.stem,
-                            f"{f} has the name of an option in {seen[f.stem]}, which comes first "
-                            "in Hydra's search path, so it would be ignored",
-                            "a file name that no earlier config directory uses",
-                            f"rename it (e.g. {group}/my_{f.stem}.yaml) and select it with {group}=my_{f.stem}",
-                        )
-                    )
-                seen.setdefault(f.stem, d)
-    return problems
+from qwen3exp.errors import ConfigError, Problem
 
 
 @dataclass(frozen=True)
@@ -148,7 +115,7 @@ def precheck(inv: Invocation) -> Master:
         cfg = c.compose(all_fixed + [_with_value(o, v) for o in swept if (v := sweeps.first_value(o)) is not None])
         if errors := _group_variant_errors(c, all_fixed, swept):
             raise ConfigError.several(errors)
-        if problems := shadowed(cfg) + hydra_plugin_problems(cfg):
+        if problems := choices.shadowed(cfg) + choices.hydra_plugin_problems(cfg):
             raise ConfigError(problems)
         checked = _experiment_problems(cfg, multirun)
         output_dir = _output_dir(cfg, multirun)
@@ -285,43 +252,3 @@ def _group_variant_errors(c: Composer, fixed: list[str], swept: list) -> list[Co
 def _with_value(ov, value: str) -> str:
     key = ov.input_line.split("=", 1)[0]
     return f"{key}={quote_value(value)}"
-
-
-def hydra_plugin_problems(cfg) -> list[Problem]:
-    """`hydra.launcher._target_` must be qwen3exp's launcher (it checks every batch of jobs; Hydra's
-    basic or another launcher would start jobs no check has seen), and `hydra.sweeper._target_` an
-    installed Hydra sweeper plugin (found through Hydra's public plugin discovery), so that a typo is
-    exit 2 here, not a traceback once the sweep starts."""
-    problems = []
-    launcher = OmegaConf.select(cfg, "hydra.launcher._target_", throw_on_resolution_failure=False)
-    if launcher != LAUNCHER_TARGET:
-        problems.append(
-            Problem(
-                "hydra.launcher._target_",
-                launcher,
-                "qwen3exp runs every job through its own Hydra launcher, which checks each batch "
-                "of jobs before any of them starts",
-                f"hydra/launcher=qwen3exp ({LAUNCHER_TARGET})",
-                "drop hydra/launcher=...; SLURM is launcher=slurm (it runs through "
-                "hydra-submitit-launcher inside qwen3exp's launcher)",
-            )
-        )
-    target = OmegaConf.select(cfg, "hydra.sweeper._target_", throw_on_resolution_failure=False)
-    if target is not None and target != BASIC_SWEEPER:
-        available = _sweeper_names()
-        if target not in available:
-            problems.append(
-                Problem(
-                    "hydra.sweeper._target_",
-                    target,
-                    "is not an installed Hydra sweeper plugin",
-                    one_of(sorted(available)),
-                    did_you_mean(str(target), sorted(available))
-                    or "choose one with hydra/sweeper=<name>; plugins are pip packages (e.g. hydra-optuna-sweeper)",
-                )
-            )
-    return problems
-
-
-def _sweeper_names() -> set[str]:
-    return {f"{c.__module__}.{c.__name__}" for c in Plugins.instance().discover(Sweeper)}

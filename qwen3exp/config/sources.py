@@ -26,12 +26,11 @@ from hydra.core.plugins import Plugins
 from hydra.plugins.config_source import ConfigSource
 from omegaconf import OmegaConf
 
+from qwen3exp.config.yaml_expansion import MAX_VALUES, expanded_values
 from qwen3exp.errors import Problem
 
 MAX_FILE_BYTES = 1 << 20
 """A config file holds a few hundred lines; PyYAML reads about 1 MB per second."""
-MAX_VALUES = 100_000
-"""Values of a config file once its YAML aliases are expanded (OmegaConf makes a node of each)."""
 MAX_ENTRIES = 20_000
 MAX_DEPTH = 8
 """Folders and files looked at under one config folder, and how deep: a config folder holds
@@ -185,7 +184,7 @@ def _file_problem(path: Path, *, syntax: bool = True) -> Problem | None:
     except OSError as e:
         return Problem("(config file)", str(path), f"cannot be read: {e.strerror or e}", allowed)
     try:
-        values = _expanded_values(text)
+        values = expanded_values(text)
     except yaml.YAMLError as e:  # Hydra would stop with the parser's traceback
         return yaml_problem(e, str(path)) if syntax else None
     if values > MAX_VALUES:
@@ -200,51 +199,6 @@ def _file_problem(path: Path, *, syntax: bool = True) -> Problem | None:
             source=str(path),
         )
     return None
-
-
-def _expanded_values(text: str) -> int:
-    """How many values the YAML text gives once every alias is expanded (MAX_VALUES + 1 for more,
-    or for an alias of a node that holds itself); raises yaml.YAMLError when it is not YAML."""
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    root = yaml.compose(text, Loader=loader)
-    if root is None:
-        return 0
-    sizes: dict[int, int] = {}
-    too_many = MAX_VALUES + 1
-
-    def size(node) -> int:  # memoized on the node: an alias is the same node object, counted per use
-        key = id(node)
-        if key in sizes:
-            return sizes[key]
-        sizes[key] = too_many  # a node met again while it is counted holds itself
-        if isinstance(node, yaml.MappingNode):
-            n = 1 + sum(size(k) + size(v) for k, v in node.value)
-        elif isinstance(node, yaml.SequenceNode):
-            n = 1 + sum(size(v) for v in node.value)
-        else:
-            n = 1
-        sizes[key] = min(n, too_many)
-        return sizes[key]
-
-    stack_limit = _deep(root)
-    return too_many if stack_limit else size(root)
-
-
-def _deep(root, limit: int = 200) -> bool:
-    """Whether the YAML nests deeper than `limit` levels (counting it would exhaust the stack)."""
-    level, frontier, seen = 0, [root], set()
-    while frontier and level <= limit:
-        nxt = []
-        for node in frontier:
-            if id(node) in seen:
-                continue
-            seen.add(id(node))
-            if isinstance(node, yaml.MappingNode):
-                nxt += [x for kv in node.value for x in kv]
-            elif isinstance(node, yaml.SequenceNode):
-                nxt += node.value
-        frontier, level = nxt, level + 1
-    return bool(frontier)
 
 
 # ------------------------------------------------------------------------------ experiment files

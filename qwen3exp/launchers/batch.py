@@ -36,6 +36,7 @@ from qwen3exp.errors import ConfigError, Problem, printable
 from qwen3exp.launchers import handover, registry, sweep
 from qwen3exp.launchers.job import run_point
 from qwen3exp.launchers.points import HydraFiles, Point, check_job
+from qwen3exp.launchers.protocol import Launcher
 from qwen3exp.launchers.rerun import run_dir_problems
 from qwen3exp.launchers.returns import for_sweeper, job_return, run_one
 from qwen3exp.launchers.state import checked, mark_started, refuse
@@ -89,7 +90,7 @@ def _run_here(hydra_context, cfg, point: Point, job):
 
 def _check_batch(
     config, hydra_context, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, single: bool, prechecked
-) -> tuple[list, list[Point], list, bool]:
+) -> tuple[list, list[Point], list, Launcher]:
     """Compose, check and plan every job of the batch; refuse (exit 2) with every problem of every
     job. Returns (configs, points, sweep jobs, the launcher that runs them)."""
     loader = hydra_context.config_loader

@@ -5,11 +5,11 @@ node's ranks, which a SLURM job runs too, on its first node (`launch`).
 `launch(plan, run_dir)` runs a Plan (`qwen3exp.plan.build.make_plan`: every check that can fail on
 a bad configuration, and everything resolved: platform, mesh, batches, node placement, override
 claims, this node's torchrun command) and resolves nothing again. It writes the run directory (with
-`provenance.json`: where the run came from), starts torchrun (or srun starting one torchrun agent
-per node) at once and supervises it (`qwen3exp.launchers.torchrun`):
+`provenance.json`: where the run came from; `qwen3exp.launchers.prelaunch`), starts torchrun (or
+srun starting one torchrun agent per node) at once and supervises it (`qwen3exp.launchers.torchrun`):
 - torchtitan's own config checks run in the ranks, before the trainer is built (the launcher does
   not import torch or torchtitan for a plain experiment: the ranks import them anyway). A rank they
-  refuse records a ConfigError (`qwen3exp.titan.job_config.write_refusal`); the launcher stops
+  refuse records a ConfigError (`qwen3exp.titan.refusal`); the launcher stops
   torchrun at once and raises that ConfigError (exit 2, before any training step).
 - Ctrl-C or SIGTERM: the ranks are stopped; summary `interrupted`, exit code 130 / 143; one line
   says what is saved and the command that resumes (`qwen3exp.launchers.outcome`).
@@ -24,73 +24,20 @@ per node) at once and supervises it (`qwen3exp.launchers.torchrun`):
 from __future__ import annotations
 
 import os
-import shlex
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
 from pathlib import Path
 
 from qwen3exp.config.schema import Experiment
-from qwen3exp.errors import ConfigError, Problem
-from qwen3exp.launchers import outcome
+from qwen3exp.errors import Problem
+from qwen3exp.launchers import outcome, prelaunch
 from qwen3exp.launchers.outcome import experiment_hash, node_file
 from qwen3exp.launchers.protocol import Submission, may_join
-from qwen3exp.launchers.torchrun import Interrupted, StopSignals, rank_env, run_torchrun
-from qwen3exp.plan import placement, render, tracking
+from qwen3exp.launchers.torchrun import Interrupted, StopSignals, run_torchrun
+from qwen3exp.plan import placement
 from qwen3exp.plan.build import Plan, Prepared, prepare as _prepare
-from qwen3exp.run import console, identity, procs, progress, provenance, redact, rundir, timelimit
-from qwen3exp.titan import job_config
-
-
-def write_run_files(plan: Plan, run_dir: Path) -> None:
-    """What the ranks read (experiment.yaml, platform.json) and the record of the launch (plan.json,
-    command.txt). torchtitan_config.json is written by rank 0: the config it trains with."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    rundir.atomic_write_json(run_dir / node_file(rundir.PLAN, plan.placement), plan.as_json())
-    rundir.atomic_write_text(run_dir / rundir.EXPERIMENT, rundir.experiment_yaml(identity.recorded_data(plan.exp)))
-    rundir.atomic_write_json(run_dir / rundir.PLATFORM, asdict(plan.platform))
-    rundir.atomic_write_text(
-        run_dir / node_file(rundir.COMMAND, plan.placement), shlex.join(redact.redact_argv(plan.command)) + "\n"
-    )
-
-
-def _wait_until_free(run_dir: Path, timeout_s: float) -> None:
-    """A relaunch must not train next to a previous launch's ranks (they may still be dying after
-    their launcher was SIGKILLed): wait for them, then refuse."""
-    deadline = time.monotonic() + timeout_s
-    said = False
-    while busy := procs.workers_of(run_dir):
-        if not said:
-            console.logger("qwen3exp.launch").info(
-                f"qwen3exp: waiting up to {timeout_s:.0f}s for the previous launch's rank(s) "
-                f"{', '.join(map(str, busy))} in {run_dir} to end"
-            )
-            said = True
-        if time.monotonic() > deadline:
-            raise ConfigError(
-                [
-                    Problem(
-                        "hydra.run.dir",
-                        str(run_dir),
-                        f"is in use by running process(es) {', '.join(map(str, busy))}",
-                        "a directory no live run uses",
-                        "stop that run first",
-                    )
-                ]
-            )
-        time.sleep(0.2)
-
-
-def _reset_metrics(exp: Experiment, run_dir: Path) -> int | None:
-    """Node 0, before any rank starts: a fresh run starts an empty metrics.jsonl; a run resuming
-    from a checkpoint keeps the rows up to that step (the later ones are trained again).
-    Returns the step resumed from."""
-    step = rundir.latest_checkpoint_step(run_dir) if exp.checkpoint.kind == "dcp" else None
-    if step is None:
-        (run_dir / rundir.METRICS).unlink(missing_ok=True)
-    else:
-        rundir.truncate_metrics(run_dir, step)
-    return step
+from qwen3exp.run import console, metrics_file, progress, provenance, rundir, timelimit
+from qwen3exp.titan import job_config, refusal
 
 
 def _time_limit_deadline(exp: Experiment) -> float | None:
@@ -120,7 +67,7 @@ def launch(plan: Plan, run_dir: Path, *, origin: provenance.Origin | None = None
     reserve = outcome.SummaryReserve(logs / node_file(outcome.SUMMARY_RESERVE, where))
     with StopSignals(logs) as stop:
         try:
-            resumed_from, env = _prepare_run_dir(plan, run_dir, origin)
+            resumed_from, env = prelaunch.prepare_run_dir(plan, run_dir, origin)
             reserve.make()
             watch = progress.Watch(
                 run_dir / rundir.METRICS,
@@ -134,7 +81,7 @@ def launch(plan: Plan, run_dir: Path, *, origin: provenance.Origin | None = None
                 env,
                 exp.launcher.stop_timeout_s,
                 stop,
-                job_config.refusal_path(run_dir),
+                refusal.refusal_path(run_dir),
                 deadline=_time_limit_deadline(exp),
                 on_line=watch.line,
                 on_tick=watch.tick,
@@ -148,7 +95,7 @@ def launch(plan: Plan, run_dir: Path, *, origin: provenance.Origin | None = None
         finally:
             console.end_live()  # what comes next (a refusal on stderr, the outcome) starts a line of its own
     try:
-        if stop.signum is None and code != 0 and (refused := job_config.read_refusal(run_dir)) is not None:
+        if stop.signum is None and code != 0 and (refused := refusal.read_refusal(run_dir)) is not None:
             raise refused
         ended = outcome.status(plan, run_dir, code, stop.signum, ranks_started=stop.proc is not None, since=started)
     finally:
@@ -189,7 +136,7 @@ def _finish(
         wall=wall,
         resumed_from=resumed_from,
         error=error,
-        steps=rundir.read_metrics(run_dir),
+        steps=metrics_file.read_metrics(run_dir),
     )
     summary = outcome.summarize(
         plan,
@@ -209,44 +156,6 @@ def _finish(
     else:
         outcome.say(summary, run_dir)
     return summary
-
-
-def _prepare_run_dir(plan: Plan, run_dir: Path, origin: provenance.Origin | None) -> tuple[int | None, dict]:
-    """Everything before torchrun starts: the run files, provenance, metrics.jsonl reset (node 0),
-    the ranks' environment, the opening lines. Returns (the checkpoint step resumed from, the env)."""
-    exp, where, facts = plan.exp, plan.placement, plan.platform
-    log = console.logger("qwen3exp.launch")
-    logs = run_dir / rundir.LOGS
-    if where.nnodes == 1:
-        _wait_until_free(run_dir, exp.launcher.stop_timeout_s + 5)
-    write_run_files(plan, run_dir)
-    provenance.write(run_dir, facts, experiment_hash(exp), origin)
-    # Node 0 only: the ranks (also those of the other nodes) cannot start before its agent joins.
-    resumed_from = _reset_metrics(exp, run_dir) if where.node_rank == 0 else None
-    job_config.refusal_path(run_dir).unlink(missing_ok=True)  # an earlier launch's, in a relaunched directory
-    if where.node_rank == 0:
-        timelimit.clear(logs)
-    env = rank_env(facts, run_dir)
-    env.update(tracking.env(exp, run_dir, sweep_dir=origin.sweep_dir if origin else None))
-    node = f"node {where.node_rank}/{where.nnodes} ({where.how}), " if where.nnodes > 1 else ""
-    log.info(
-        f"qwen3exp: {exp.name}: {plan.mesh.world_size} rank(s) on {facts.name} "
-        f"({facts.reason}); {node}run directory {run_dir}"
-        + (f"; resuming from checkpoint step {resumed_from}" if resumed_from is not None else "")
-    )
-    log.debug("%s", render.render(plan, title=f"the plan of {exp.name}:"))
-    for w in plan.warnings:
-        log.warning(f"qwen3exp: warning: {w}")
-    log.debug("command: %s", shlex.join(redact.redact_argv(plan.command)))
-    if where.nnodes > 1:
-        log.info(
-            f"qwen3exp: waiting for {where.nnodes} node(s) to join the rendezvous "
-            f"(up to launcher.rdzv_timeout_s={exp.launcher.rdzv_timeout_s:g}s)",
-            extra=console.LIVE,
-        )
-    else:
-        log.info(f"qwen3exp: starting {plan.mesh.world_size} rank(s)", extra=console.LIVE)
-    return resumed_from, env
 
 
 def prepare(exp: Experiment, env: Mapping[str, str] | None = None) -> Prepared:

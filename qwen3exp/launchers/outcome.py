@@ -28,7 +28,7 @@ from qwen3exp.plan import model_files
 from qwen3exp.plan.build import Plan
 from qwen3exp.plan.nodes import Placement
 from qwen3exp.plan.placement import nodes_of
-from qwen3exp.run import console, diagnosis, identity, objective, provenance, redact, rundir, timelimit
+from qwen3exp.run import console, diagnosis, identity, metrics_file, objective, provenance, redact, rundir, timelimit
 from qwen3exp.titan import hf_export
 from qwen3exp.titan.overrides import merge_applied
 
@@ -162,8 +162,8 @@ def summarize(
     export: dict | None = None,
     extra: dict | None = None,
 ) -> dict:
-    rows = rundir.read_metrics(run_dir)
-    val = rundir.read_validation(run_dir)
+    rows = metrics_file.read_metrics(run_dir)
+    val = metrics_file.read_validation(run_dir)
     step1 = next((r["loss"] for r in rows if r["step"] == 1), None)
     weights = plan.files.weights
     last_loss = rows[-1]["loss"] if rows else None
@@ -257,7 +257,7 @@ def stopped_line(
     loss), what is saved, and the command that resumes (or starts again)."""
     exp = plan.exp
     how = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-    rows = rundir.read_metrics(run_dir)
+    rows = metrics_file.read_metrics(run_dir)
     saved = rundir.latest_checkpoint_step(run_dir) if exp.checkpoint.resumable else None
     last = max([*([rows[-1]["step"]] if rows else []), *([saved] if saved else [])], default=None)
     loss = next((r["loss"] for r in reversed(rows) if r["step"] == last), None)

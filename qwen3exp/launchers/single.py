@@ -50,6 +50,7 @@ def launch_run(inv: Invocation, master: Master) -> None:
     with Composer(inv.config_dir, inv.config_name) as composer:  # Hydra's loader: composes nothing here
         loader = JobConfigs(composer.loader)
         loader.seed(cfg, overrides, cfg)
-        context = HydraContext(config_loader=loader, callbacks=Callbacks(cfg))
+        # Hydra's context takes any object with Hydra's callback methods (its own class is internal).
+        context = HydraContext(config_loader=loader, callbacks=Callbacks(cfg))  # type: ignore[arg-type]
         [ret] = batch.launch(cfg, context, [overrides], 0, prechecked=master.prechecked)
     _ = ret.return_value  # Hydra's JobReturn raises what the job raised

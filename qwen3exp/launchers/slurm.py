@@ -4,8 +4,8 @@ Submitting (the command line, on the submit host): qwen3exp's Hydra launcher che
 hands it to hydra-submitit-launcher's SlurmLauncher set up with `submitit_params()` from the validated
 `launcher` section. It submits one job per run (a job array for a sweep), and each job runs the plan
 the launcher made for it (`qwen3exp.launchers.job.run_planned`: nothing is checked or planned again)
-like a local one, once, on the first node of its allocation (`use_srun=false`: submitit would otherwise run it once per SLURM
-task). The run directory must be on a shared file system.
+like a local one, once, on the first node of its allocation (`use_srun=false`: submitit would otherwise
+run it once per SLURM task). The run directory must be on a shared file system.
 
 In the job (`qwen3exp.plan.slurm_nodes`): with one node torchrun starts directly; with several, the
 job starts `srun` with one torchrun agent per node and a c10d rendezvous on a free port of the first

@@ -28,11 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwen3exp.analysis import report
-from qwen3exp.analysis.diff import show
 from qwen3exp.config.argv import quote_value
 from qwen3exp.errors import ConfigError, Problem
+from qwen3exp.launchers.sweep_conflict import conflict_problem
 from qwen3exp.run import claim as claim_module, identity, rundir
-from qwen3exp.run.identity import differences
 
 # ------------------------------------------------------------------------------ the resume plan
 NEW, DONE, RETRY, CONFLICT = "new", "done", "retry", "conflict"
@@ -92,35 +91,10 @@ def plan(points, sweep_dir: Path, *, first_index: int = 0) -> list[Job]:
             continue
         jobs.append(Job(i, list(overrides), run_dir, data, state, previous))
     if conflicts:
-        problems.append(_conflict(conflicts, len(points), sweep_dir))
+        problems.append(conflict_problem(conflicts, len(points), sweep_dir))
     if problems:
         raise ConfigError(problems, context=f"sweep directory {sweep_dir}")
     return jobs
-
-
-def _conflict(conflicts: list, n: int, sweep_dir: Path) -> Problem:
-    """One problem for every folder that holds a different experiment, with what changed (as seen
-    in the first such folder)."""
-    i, label, run_dir, data = conflicts[0]
-    old = rundir.read_experiment(run_dir)
-    changes = [c for c in differences(old or {}, data) if c[0] not in rundir.IDENTITY_IGNORES]
-    shown = "; ".join(f"{k}: {show(a)} -> {show(b)}" for k, a, b in changes[:4])
-    more = f" (+{len(changes) - 4} more)" if len(changes) > 4 else ""
-    which = (
-        f"sweep point {i + 1}/{n} [{label}]"
-        if len(conflicts) == 1
-        else f"{len(conflicts)} of {n} sweep points (first: {i + 1} [{label}])"
-    )
-    return Problem(
-        "hydra.sweep.dir",
-        str(sweep_dir),
-        f"{which}: the job folder holds a run of a different experiment "
-        f"(changed since: {shown or 'no key differs, the content hash does (recorded by another qwen3exp?)'}{more}); "
-        "a sweep directory never mixes two configurations",
-        "a new sweep directory",
-        "drop hydra.sweep.dir=... (a new timestamped directory) or pass a new one; "
-        f"qwen3exp diff '{run_dir}' <new run> shows every difference",
-    )
 
 
 MANIFEST = claim_module.SWEEP_MANIFEST

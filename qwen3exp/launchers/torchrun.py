@@ -126,21 +126,7 @@ def run_torchrun(
             reader.start()
         if stop.signum is not None:  # it came while torchrun was being started
             stop.stop_torchrun()
-        while True:
-            if on_tick is not None:
-                on_tick()
-            try:
-                return stop.proc.wait(timeout=0.1)
-            except subprocess.TimeoutExpired:
-                if deadline is not None and time.time() >= deadline and stop.logs is not None:
-                    timelimit.request(stop.logs, "launcher (the job's time limit is near)")
-                    deadline = None
-                if refusal is not None and stop.signum is None and refusal.exists():
-                    _kill_group(stop.proc.pid)
-                    procs.kill_tree(me, exclude=before | {stop.proc.pid})
-                elif stop.at is not None and time.monotonic() - stop.at > stop_timeout_s:
-                    procs.kill_tree(me, exclude=before | {stop.proc.pid})
-                    _kill_group(stop.proc.pid)
+        return _wait(stop, stop_timeout_s, refusal, deadline, on_tick, spare=before)
     finally:
         # No orphans: ranks torchrun left behind (re-parented to us) and anything else it started.
         procs.kill_tree(me, exclude=before)
@@ -148,6 +134,39 @@ def run_torchrun(
             _kill_group(stop.proc.pid)
         if reader is not None:  # the last lines torchrun printed come before the launcher's outcome
             reader.join(timeout=5)
+
+
+def _wait(
+    stop: StopSignals,
+    stop_timeout_s: float,
+    refusal: Path | None,
+    deadline: float | None,
+    on_tick: Callable[[], None] | None,
+    *,
+    spare: set[int],
+) -> int:
+    """Wait for the running torchrun (`stop.proc`) to end; returns its exit code. Meanwhile: the
+    ranks are asked to checkpoint and stop at the time-limit `deadline`, torchrun and its ranks are
+    killed at once when a rank's `refusal` appears, and `stop_timeout_s` after a stop signal.
+    `spare`: the processes that were ours before torchrun started (never killed)."""
+    me = os.getpid()
+    proc = stop.proc
+    assert proc is not None, "torchrun has started"
+    while True:
+        if on_tick is not None:
+            on_tick()
+        try:
+            return proc.wait(timeout=0.1)
+        except subprocess.TimeoutExpired:
+            if deadline is not None and time.time() >= deadline and stop.logs is not None:
+                timelimit.request(stop.logs, "launcher (the job's time limit is near)")
+                deadline = None
+            if refusal is not None and stop.signum is None and refusal.exists():
+                _kill_group(proc.pid)
+                procs.kill_tree(me, exclude=spare | {proc.pid})
+            elif stop.at is not None and time.monotonic() - stop.at > stop_timeout_s:
+                procs.kill_tree(me, exclude=spare | {proc.pid})
+                _kill_group(proc.pid)
 
 
 def _read_lines(stream, on_line: Callable[[str], None]) -> None:

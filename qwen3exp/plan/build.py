@@ -3,8 +3,8 @@
 Mesh (what -1 resolved to), batches and tokens, parameter counts (total, active per token, per rank
 after sharding), the per-rank memory estimate against the platform's memory (`qwen3exp.plan.memory`),
 the kernel overrides that will apply, the checkpoint verdict, and the exact torchrun command(s).
-Each part has its module (`mesh`, `batches`, `memory`, `checkpoint_verdict`, `model_files`,
-`data_files`, `placement`, `tracking`); this one puts them together. `make_plan` also runs every
+Each part has its module (`mesh`, `batches`, `memory`, `memory_fit`, `checkpoint_verdict`,
+`model_files`, `data_files`, `placement`, `tracking`); this one puts them together. `make_plan` also runs every
 check that needs the platform or the file system, and reports all problems together. Pure
 arithmetic on plain data: no torch, no torchtitan, no model is built (except where kernel overrides
 are active: their matches are computed on torchtitan's config tree, built once, by `qwen3exp.titan`).
@@ -25,19 +25,18 @@ from collections.abc import Callable, Mapping, Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
-from qwen3exp.config.flavors import Arch
 from qwen3exp.config.schema import Experiment
-from qwen3exp.config.sections.model import NativeModel
 from qwen3exp.errors import ConfigError, Problem
 from qwen3exp.plan import data_files, memory, model_files, placement, tracking
 from qwen3exp.plan.batches import Batches, batch_problems, resolve_batches
-from qwen3exp.plan.checkpoint_verdict import checkpoint_verdict
+from qwen3exp.plan.checkpoint_verdict import CheckpointVerdict, checkpoint_verdict
+from qwen3exp.plan.memory_fit import memory_fit
 from qwen3exp.plan.mesh import Mesh, mesh_problems, resolve_mesh
 from qwen3exp.plan.model_files import ModelFiles
 from qwen3exp.plan.model_sources import ModelSections
 from qwen3exp.plan.nodes import Placement
 from qwen3exp.plan.resolved import Parameters, Plan, Prepared
-from qwen3exp.platforms import PlatformFacts, experiment_problems, host_problems, resolve
+from qwen3exp.platforms import PlatformFacts, experiment_problems, resolve
 from qwen3exp.run.redact import redact_argv
 
 # The kernels group (qwen3exp/kernels/) and the checkpoint group fill these hooks. They must stay
@@ -132,26 +131,14 @@ def make_plan(
         )
     total, active = arch.param_counts()
     params = Parameters(total, active, memory.params_per_rank(arch, mesh.degrees), arch.is_moe)
-    mem, problems = _memory_fit(exp, arch, mesh, facts, total, warnings)
+    mem, problems = memory_fit(exp, arch, mesh, facts, total, warnings)
     verdict = checkpoint_verdict(exp, files, Path(run_dir))
-    if verdict.compatible is False:
-        problems.append(
-            Problem(
-                "checkpoint",
-                exp.checkpoint.kind,
-                verdict.detail,
-                verdict.allowed or "a checkpoint of this architecture",
-                verdict.hint,
-            )
-        )
+    problems += _verdict_problems(exp, verdict)
     if problems:
         raise ConfigError(problems)
-    commands = placement.torchrun_commands(
-        exp, where, nnodes=mesh.nnodes, nproc_per_node=mesh.nproc_per_node, run_dir=Path(run_dir)
-    )
-    command = placement.torchrun_argv(
-        exp, where, nnodes=mesh.nnodes, nproc_per_node=mesh.nproc_per_node, run_dir=Path(run_dir)
-    )
+    nnodes, nproc, folder = mesh.nnodes, mesh.nproc_per_node, Path(run_dir)
+    commands = placement.torchrun_commands(exp, where, nnodes=nnodes, nproc_per_node=nproc, run_dir=folder)
+    command = placement.torchrun_argv(exp, where, nnodes=nnodes, nproc_per_node=nproc, run_dir=folder)
     return Plan(
         name=exp.name,
         run_dir=str(run_dir),
@@ -174,6 +161,21 @@ def make_plan(
         provenance=provenance.table(exp.model_dump(mode="json")) if provenance is not None else [],
         warnings=warnings,
     )
+
+
+def _verdict_problems(exp: Experiment, verdict: CheckpointVerdict) -> list[Problem]:
+    """The checkpoint this run would load does not fit the experiment."""
+    if verdict.compatible is not False:
+        return []
+    return [
+        Problem(
+            "checkpoint",
+            exp.checkpoint.kind,
+            verdict.detail,
+            verdict.allowed or "a checkpoint of this architecture",
+            verdict.hint,
+        )
+    ]
 
 
 def _resolve_stages(
@@ -215,47 +217,6 @@ def _resolve_stages(
     return files, facts, mesh, batches, claims, where
 
 
-def _memory_fit(
-    exp: Experiment, arch: Arch, mesh: Mesh, facts: PlatformFacts, total_params: int, warnings: list[str]
-) -> tuple[memory.Memory, list[Problem]]:
-    """The per-rank memory estimate, and the problems of a plan that does not fit in it or on this
-    host's memory and cores (a dry run adds them to `warnings` instead, as loudly)."""
-    t = exp.training
-    mem = memory.estimate(
-        arch,
-        mesh.degrees,
-        local_batch_size=t.local_batch_size,
-        seq_len=t.seq_len,
-        param_dtype=t.dtype,
-        compute_dtype=t.mixed_precision_param,
-        activation_checkpoint=t.activation_checkpoint,
-        budget=facts.memory_per_rank_bytes,
-    )
-    problems: list[Problem] = []
-    if not mem.fits:
-        problem = _memory_problem(exp, mem)
-        if exp.dry_run:
-            warnings.append("DOES NOT FIT: " + problem.message + "; " + (problem.hint or ""))
-        else:
-            problems.append(problem)
-    # This host's memory and cores for the ranks it starts (CPU): a dry run says so as loudly.
-    for problem in host_problems(
-        exp,
-        facts,
-        ranks=mesh.nproc_per_node,
-        plan_bytes_per_rank=mem.total if mem.fits else None,
-        total_params=total_params,
-    ):
-        if exp.dry_run:
-            warnings.append(
-                f"A REAL RUN IS REFUSED: {problem.key} = {problem.value!r}: {problem.message}; "
-                f"allowed: {problem.allowed}"
-            )
-        else:
-            problems.append(problem)
-    return mem, problems
-
-
 def prepare(exp: Experiment, env: Mapping[str, str] | None = None, claims_of: ClaimsOf | None = None) -> Prepared:
     """Check the model's files, resolve the platform, the mesh, the batches, the node placement and
     the kernel override claims; raise ConfigError on the first failing stage (cheap: no torchtitan
@@ -269,42 +230,3 @@ def prepare(exp: Experiment, env: Mapping[str, str] | None = None, claims_of: Cl
     batches = resolve_batches(exp, mesh)
     where = placement.resolve(exp, os.environ if env is None else env)
     return Prepared(exp, facts, mesh, batches, files, where, kernel_claims(exp, facts, claims_of))
-
-
-def _memory_problem(exp: Experiment, mem: memory.Memory) -> Problem:
-    g = memory.gib
-    need = mem.total / memory.USABLE_FRACTION
-    hints = []
-    if exp.training.activation_checkpoint != "full":
-        hints.append("training.activation_checkpoint=full")
-    if exp.training.local_batch_size > 1:
-        hints.append(
-            f"training.local_batch_size={max(1, exp.training.local_batch_size // 2)} "
-            "(with training.global_batch_size to keep the batch)"
-        )
-    if exp.training.dtype == "float32":
-        hints.append("training.dtype=bfloat16")
-    hints.append("more ranks (launcher.nnodes / launcher.nproc_per_node) so FSDP shards further")
-    state = mem.parameters + mem.gradients + mem.optimizer
-    key: str
-    value: object
-    if state > mem.usable:  # the model itself does not fit this mesh: smaller model or more ranks
-        match exp.model:
-            case NativeModel() as m:
-                key, value = "model.flavor", m.flavor
-            case m:  # model=hf: the architecture is the folder's config.json
-                key, value = (
-                    ("model.hf_model", m.hf_model) if m.hf_model else ("model.hf_assets_path", m.hf_assets_path)
-                )
-    else:  # activations tip it over
-        key, value = "training.local_batch_size", exp.training.local_batch_size
-    return Problem(
-        key,
-        value,
-        f"the plan needs about {g(mem.total)} per rank (parameters {g(mem.parameters)}, gradients "
-        f"{g(mem.gradients)}, optimizer {g(mem.optimizer)}, FSDP buffers {g(mem.fsdp_buffers)}, activations "
-        f"{g(mem.activations)}) but {int(memory.USABLE_FRACTION * 100)}% of the {g(mem.budget)} per rank is "
-        f"{g(mem.usable)}",
-        f"a plan needing at most {g(mem.usable)} per rank (a budget of at least {g(need)} per rank)",
-        "try: " + ", ".join(hints),
-    )

@@ -45,7 +45,8 @@ def arch_and_source(exp: Sections, r: Refs, problems: list[Problem]) -> tuple[Ar
                     Problem(
                         "model.flavor",
                         m.flavor,
-                        f"{HF_KEYS.get(name, name)} is {theirs} in {folder / CONFIG_JSON} but {mine} in flavor {m.flavor}",
+                        f"{HF_KEYS.get(name, name)} is {theirs} in {folder / CONFIG_JSON} "
+                        f"but {mine} in flavor {m.flavor}",
                         hint="model.flavor=auto takes every value from config.json",
                     )
                 )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from qwen3exp.config.flavors import Arch
 from qwen3exp.errors import Problem
+from qwen3exp.plan.model_ref import ModelRef
 from qwen3exp.plan.model_sources import BUNDLED, Refs, Sections, fetch_hint
 
 TOKENIZER_PATTERNS = ("tokenizer*", "vocab.json", "merges.txt", "special_tokens_map.json", "chat_template.jinja")
@@ -74,7 +75,26 @@ def tokenizer_problems(
                 f"a tokenizer with at most {arch.vocab_size} tokens, or a model with vocab_size >= {n}",
             )
         ]
-    problems = []
+    problems = _owner_problems(exp, r, folder, ref, n)
+    if ref is None and weights is not None and not problems and n != arch.vocab_size:
+        problems.append(
+            Problem(
+                key,
+                None,
+                f"no tokenizer is named: {BUNDLED} has {n} tokens, but the loaded weights of "
+                f"{weights} have a vocabulary of {arch.vocab_size}",
+                "the model's own tokenizer",
+                "set model.hf_assets_path to the model's folder or Hub id",
+            )
+        )
+    return n, problems
+
+
+def _owner_problems(exp: Sections, r: Refs, folder: Path, ref: ModelRef | None, n: int) -> list[Problem]:
+    """The tokenizer (of `folder`, `n` tokens) is not the model's own: the one next to its config.json
+    or its weights, when they are in another folder, has another vocabulary."""
+    key, value = (ref.key, ref.value) if ref is not None else ("model.hf_assets_path", str(folder))
+    problems: list[Problem] = []
     # The model's own tokenizer: the one next to its config.json and next to its weights.
     owners = [
         (o.key, o.value, o.folder)
@@ -100,15 +120,4 @@ def tokenizer_problems(
                     else f"set {key} to the folder (or Hub id) of {okey}",
                 )
             )
-    if ref is None and weights is not None and not problems and n != arch.vocab_size:
-        problems.append(
-            Problem(
-                key,
-                None,
-                f"no tokenizer is named: {BUNDLED} has {n} tokens, but the loaded weights of "
-                f"{weights} have a vocabulary of {arch.vocab_size}",
-                "the model's own tokenizer",
-                "set model.hf_assets_path to the model's folder or Hub id",
-            )
-        )
-    return n, problems
+    return problems

@@ -200,7 +200,8 @@ def host_problems(
                 f"{ranks} rank(s) x {threads} thread(s) = {ranks * threads} threads on the {cores} CPU core(s) this "
                 f"process may use (os.sched_getaffinity): more than {OVERSUBSCRIPTION_LIMIT} threads per core, so "
                 "every rank mostly waits for a core",
-                f"ranks x threads per rank at most {OVERSUBSCRIPTION_LIMIT * cores} ({OVERSUBSCRIPTION_LIMIT} per core)",
+                f"ranks x threads per rank at most {OVERSUBSCRIPTION_LIMIT * cores} "
+                f"({OVERSUBSCRIPTION_LIMIT} per core)",
                 f"e.g. launcher.nproc_per_node={min(ranks, cores)} with platform.threads_per_rank=null "
                 "(cores / ranks each)",
             )

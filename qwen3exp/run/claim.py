@@ -30,14 +30,13 @@ A launch owns its directory from the moment `claim()` returns until `Claim.relea
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwen3exp.errors import ConfigError, Problem
-from qwen3exp.run import lockfile, rundir
+from qwen3exp.run import lockfile, makedirs, rundir
 
 LOCK = ".qwen3exp.lock"
 BOOKKEEPING = frozenset({rundir.HYDRA, "qwen3exp.log", "multirun.yaml"})
@@ -164,7 +163,7 @@ def claim(path: Path | str, *, key: str = "hydra.run.dir", lock: str = LOCK, run
                 )
             ]
         )
-    created = _makedirs(path, key)
+    created = makedirs.makedirs(path, key)
     c = Claim(path, key, created, lock=lock, run=run)
     try:
         c.before = frozenset() if c.made_dir else frozenset(os.listdir(path))
@@ -174,40 +173,6 @@ def claim(path: Path | str, *, key: str = "hydra.run.dir", lock: str = LOCK, run
         c.release(discard=True)
         raise
     return c
-
-
-def _makedirs(path: Path, key: str) -> list[Path]:
-    """mkdir -p, returning the directories that did not exist (outermost first)."""
-    missing = []
-    p = path.absolute()
-    while not p.exists():
-        missing.append(p)
-        if p.parent == p:
-            break
-        p = p.parent
-    missing.reverse()
-    made: list[Path] = []
-    for d in missing:
-        try:
-            d.mkdir()
-        except FileExistsError:  # a concurrent launch made it first: not ours
-            if not d.is_dir():
-                _undo(made)
-                raise ConfigError([_os_problem(key, path, OSError(errno.ENOTDIR, f"{d} is a file"))]) from None
-            continue
-        except OSError as e:
-            _undo(made)
-            raise ConfigError([_os_problem(key, path, e)]) from None
-        made.append(d)
-    return made
-
-
-def _undo(made: list[Path]) -> None:
-    for d in reversed(made):
-        try:
-            d.rmdir()
-        except OSError:
-            pass
 
 
 def _lock(lock_path: Path, key: str, run: str | None) -> int:
@@ -227,27 +192,7 @@ def _lock(lock_path: Path, key: str, run: str | None) -> int:
             ]
         ) from None
     except lockfile.Unwritable as e:
-        raise ConfigError([_os_problem(key, run_dir, e.error)]) from None
-
-
-def _os_problem(key: str, path: Path, e: OSError) -> Problem:
-    why = {
-        errno.EACCES: "permission denied",
-        errno.EPERM: "permission denied",
-        errno.EROFS: "the file system is read-only",
-        errno.ENOSPC: "the disk is full",
-        errno.EDQUOT: "the disk quota is exhausted",
-        errno.ENOTDIR: "a part of the path is a file",
-        errno.ENAMETOOLONG: "the name is too long",
-    }.get(e.errno or 0, e.strerror or type(e).__name__)
-    where = f" ({e.filename})" if getattr(e, "filename", None) and str(e.filename) != str(path) else ""
-    return Problem(
-        key,
-        str(path),
-        f"cannot be created or written: {why}{where}",
-        "a directory this user can create and write",
-        "choose another name=... or hydra.run.dir=... on a writable file system",
-    )
+        raise ConfigError([makedirs.os_problem(key, run_dir, e.error)]) from None
 
 
 def _kept(path: Path, names: frozenset[str]) -> dict[str, bytes]:

@@ -101,68 +101,6 @@ def read_json(path: Path) -> Any | None:
         return None
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    """The training rows of metrics.jsonl (one per logged step, with `loss`)."""
-    return [r for r in metrics_rows(run_dir) if "loss" in r]
-
-
-def read_validation(run_dir: Path) -> list[dict]:
-    """The validation rows of metrics.jsonl (`step`, `val_loss`, `val_perplexity`)."""
-    return [r for r in metrics_rows(run_dir) if "val_loss" in r]
-
-
-def metrics_rows(run_dir: Path) -> list[dict]:
-    """Every row of metrics.jsonl, training and validation; a line that is no metrics row (a torn
-    last line of a killed run, garbage) is left out, and so is a file that is not readable as data."""
-    try:
-        return scan_metrics(run_dir)[0]
-    except records.Unreadable:
-        return []
-
-
-METRIC_NUMBERS = (
-    "loss",
-    "grad_norm",
-    "tokens_per_second",
-    "memory_gib",
-    "mfu",
-    "lr",
-    "step_seconds",
-    "val_loss",
-    "val_perplexity",
-)
-"""The values of a metrics row (qwen3exp.titan.metrics): each a number or null."""
-
-
-def scan_metrics(run_dir: Path) -> tuple[list[dict], list[str]]:
-    """(the rows of metrics.jsonl, one `line N: why` for each line that is no metrics row); raises
-    records.Unreadable when the file is no regular file or too large."""
-    rows: list[dict] = []
-    skipped: list[str] = []
-    for number, row in records.json_lines(run_dir / METRICS):
-        why = row.why if isinstance(row, records.Unreadable) else metrics_row_problem(row)
-        if why is None:
-            rows.append(row)
-        else:
-            skipped.append(f"line {number}: {why}")
-    return rows, skipped
-
-
-def metrics_row_problem(row: Any) -> str | None:
-    """Why a parsed metrics.jsonl line is no metrics row (None: it is one)."""
-    if not isinstance(row, dict):
-        return f"a JSON {type(row).__name__}, not an object"
-    step = row.get("step")
-    if type(step) is not int or not 0 <= step < 2**63:
-        return f"step {step!r} is not a step number"
-    for key in METRIC_NUMBERS:
-        value = row.get(key)
-        # bool is an int, and an int beyond 2**63 no float (the report formats and plots floats)
-        if value is not None and type(value) is not float and not (type(value) is int and abs(value) < 2**63):
-            return f"{key} {value!r} is not a number"
-    return None
-
-
 def looks_like_run(run_dir: Path) -> bool:
     """True when the folder already holds a qwen3exp run (never silently overwritten)."""
     return any((run_dir / name).exists() for name in (EXPERIMENT, SUMMARY, METRICS))
@@ -220,12 +158,6 @@ def latest_checkpoint_step(run_dir: Path) -> int | None:
     folder = run_dir / CHECKPOINT
     signed = [s for s in complete_checkpoint_steps(run_dir) if signing.has_signature(folder / f"step-{s}")]
     return signed[-1] if signed else None
-
-
-def truncate_metrics(run_dir: Path, last_step: int) -> None:
-    """Keep the metrics rows up to `last_step` (a resumed run appends the later steps again)."""
-    rows = [r for r in metrics_rows(run_dir) if r.get("step", 0) <= last_step]
-    atomic_write_text(run_dir / METRICS, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 IDENTITY_IGNORES = ("dry_run", "verbose")

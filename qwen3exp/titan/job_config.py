@@ -8,15 +8,12 @@ Its one side effect, registering the local dataset in torchtitan's dataset table
 torchtitan's own checks (`Trainer.Config.__post_init__`) run wherever the config is built:
 `build_checked` turns what they raise into a ConfigError naming torchtitan. In a rank that is
 before the trainer is built, so before any training step: the rank records the refusal
-(`write_refusal`, `logs/config_error.json`) and exits with code 2; the launcher, which watches for
-that file, stops torchrun at once and ends the launch with the ConfigError (`read_refusal`).
+(`qwen3exp.titan.refusal`) and exits with code 2; the launcher, which watches for that file, stops
+torchrun at once and ends the launch with the ConfigError.
 """
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import asdict
 from pathlib import Path
 
 from qwen3exp.assets import CORPUS_DIR
@@ -31,8 +28,6 @@ from qwen3exp.titan.model import qwen3_model_spec
 
 TORCHTITAN_KEY = "(torchtitan Trainer.Config)"
 """The key of a problem torchtitan's own checks found (no single experiment key is to blame)."""
-REFUSAL = "config_error.json"
-"""Under the run directory's `logs/`: the ConfigError a rank met while building Trainer.Config."""
 _TORCHTITAN_ERRORS = (ValueError, AssertionError, TypeError, KeyError)
 
 
@@ -56,38 +51,6 @@ def init_logging() -> None:
     from torchtitan.tools.logging import init_logger  # lazy: torchtitan is imported in the ranks only
 
     init_logger()
-
-
-def refusal_path(run_dir: Path) -> Path:
-    return Path(run_dir) / rundir.LOGS / REFUSAL
-
-
-def write_refusal(run_dir: Path, error: ConfigError) -> None:
-    """A rank's record of the ConfigError it met (every rank may write it: the content is the same)."""
-    rundir.atomic_write_json(
-        refusal_path(run_dir),
-        {
-            "rank": int(os.environ.get("RANK", "0")),
-            "problems": [{**asdict(p), "value": _plain(p.value)} for p in error.problems],
-        },
-    )
-
-
-def read_refusal(run_dir: Path) -> ConfigError | None:
-    """The ConfigError a rank of this launch recorded, or None."""
-    try:
-        data = json.loads(refusal_path(run_dir).read_text())
-        return ConfigError([Problem(**p) for p in data["problems"]])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _plain(value):
-    try:
-        json.dumps(value)
-        return value
-    except (TypeError, ValueError):
-        return str(value)
 
 
 def resolve_arch(exp: Experiment) -> Arch:

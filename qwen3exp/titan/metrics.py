@@ -9,7 +9,7 @@ norm) is written as null and its key is listed in the row's `nonfinite` (present
 
 A validation (torchtitan's validator, `qwen3exp.titan.validator`) adds a row of its own after the
 training row of its step: `{"step": 10, "val_loss": 3.1, "val_perplexity": 22.2}` (no `loss` key;
-`qwen3exp.run.rundir.read_metrics` and `read_validation` tell the two kinds apart)."""
+`qwen3exp.run.metrics_file.read_metrics` and `read_validation` tell the two kinds apart)."""
 
 from __future__ import annotations
 

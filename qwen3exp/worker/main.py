@@ -8,7 +8,7 @@ their functions), rebuild `Trainer.Config`, train. Hydra never runs here.
 Building `Trainer.Config` here is where torchtitan's own config checks run for a plain experiment
 (the launcher does not import torchtitan; the plan built it only when kernel overrides are active).
 What they refuse is a configuration error, found before the trainer is built, so before any
-training step: the rank records it (`logs/config_error.json`, `qwen3exp.titan.job_config`),
+training step: the rank records it (`logs/config_error.json`, `qwen3exp.titan.refusal`),
 prints one line, no traceback, and exits with code 2; the launcher stops torchrun and exits 2 with
 the message. Rank 0 writes the config it trains with to `torchtitan_config.json`.
 
@@ -33,7 +33,8 @@ from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError
 from qwen3exp.platforms import PlatformFacts, prepare_worker
 from qwen3exp.run import faults, procs, rundir, timelimit
 from qwen3exp.titan import overrides
-from qwen3exp.titan.job_config import build_checked, init_logging, write_refusal
+from qwen3exp.titan.job_config import build_checked, init_logging
+from qwen3exp.titan.refusal import write_refusal
 
 
 def load_run(run_dir: Path):

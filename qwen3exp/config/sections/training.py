@@ -10,7 +10,7 @@ from qwen3exp.config.sections.base import INT_MAX, NonNegInt, PosInt, Strict, ta
 
 LOSS_CHUNKS = 8
 """The chunks torchtitan's `ChunkedLossWrapper` cuts a rank's tokens into (`to_torchtitan` keeps
-num_chunks=8): seq_len / cp must divide by it (`qwen3exp.config.rules.sequence_problems`), and the
+num_chunks=8): seq_len / cp must divide by it (`qwen3exp.config.parallel_rules.sequence_problems`), and the
 loss logits of one chunk are what the memory estimate counts (`qwen3exp.plan.memory`)."""
 
 
