@@ -17,6 +17,7 @@ from trn2_assets import overrides_for
 # no weights, and loading options check the safetensors before launch).
 REQUIRED: dict[str, list[str]] = {
     "data/local": [f"data.path={CORPUS_DIR / 'train.jsonl'}"],
+    "data/hf": [f"data.files={CORPUS_DIR / 'train.jsonl'}"],
     "checkpoint/hf_load": ["model.flavor=auto", "model.hf_assets_path={hf_checkpoint}"],
     "checkpoint/hf_roundtrip": ["model.flavor=auto", "model.hf_assets_path={hf_checkpoint}"],
     "kernels/nki_moe": ["model.flavor=tiny_moe"],  # replaces MoE experts: an MoE model is required

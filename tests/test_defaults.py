@@ -34,6 +34,7 @@ SCHEMA_SECTIONS = {
 are the root's own keys."""
 NEEDS: dict[str, dict[str, Any]] = {
     "data/local": {"data.path": str(CORPUS_DIR / "train.jsonl")},  # required (??? in the file)
+    "data/hf": {"data.files": str(CORPUS_DIR / "train.jsonl")},  # a dataset by name or files: one of them
     "kernels/nki_moe": {"model.flavor": "tiny_moe"},  # replaces MoE experts: an MoE model is required
 }
 """Values an option needs besides its own to make a valid experiment (as in test_conf.py)."""

@@ -465,6 +465,7 @@ LAZY_LIBRARIES: dict[str, str] = {
     "huggingface_hub": "network client; only when an HF repository is named",
     "tokenizers": "only when the bundled tokenizer is rebuilt or text is tokenized",
     "datasets": "heavy (pyarrow, pandas); only when an HF data set is loaded on a rank",
+    "pyarrow": "a C++ library (0.25 s to import); only to read the first rows of data=hf parquet/arrow files",
     "numpy": "only for the weight scan of a checkpoint's tensors",
     "matplotlib": "slow to import; only when a report draws its plots",
     "qwen3exp.titan": "the torchtitan adapter (its modules import torchtitan at their top): across the torch "

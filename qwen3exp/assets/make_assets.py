@@ -3,9 +3,12 @@
 Why generated, not downloaded: the project must train with no network. The corpus is the
 docstrings of CPython's standard library (PSF licence, redistributable with notice), which gives
 real English-and-code text; the tokenizer is a byte-level BPE (vocab 2048) trained on it with the
-`tokenizers` library, so it loads in torchtitan and in transformers alike.
+`tokenizers` library, so it loads in torchtitan and in transformers alike. Its tokenizer_config.json
+carries a chat template in Qwen3's format (`CHAT_TEMPLATE`), and chat/train.jsonl holds synthetic
+conversations for data=chat (`chat_records`, deterministic, no tokenizer needed).
 
-    python -m qwen3exp.assets.make_assets
+    python -m qwen3exp.assets.make_assets          # everything (retrains the tokenizer)
+    python -m qwen3exp.assets.make_assets chat     # only the chat template and the conversations
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "corpus" / "train.jsonl"
+CHAT = HERE / "chat" / "train.jsonl"
 TOKENIZER_DIR = HERE / "tokenizer"
 VOCAB_SIZE = 2048
 MAX_DOCS = 4000
@@ -44,6 +48,92 @@ TINY_QWEN3_CONFIG = {
     "eos_token_id": 0,
     "dtype": "float32",
 }
+
+
+# Qwen3's chat template (tokenizer_config.json of the Qwen3 models), cut to its structure: a system
+# prompt first, `<|im_start|>{role}\n...<|im_end|>\n` turns, and the empty thinking block
+# `<think>\n\n</think>\n\n` on an assistant turn after the last user query that is the last message
+# (Qwen3 renders older assistant turns without it). Tools and reasoning_content are left out.
+CHAT_TEMPLATE = (
+    "{%- if messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}"
+    "{%- for message in messages[::-1] %}"
+    "{%- set index = (messages|length - 1) - loop.index0 %}"
+    "{%- if ns.multi_step_tool and message.role == 'user' %}"
+    "{%- set ns.multi_step_tool = false %}{%- set ns.last_query_index = index %}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}"
+    "{%- if loop.index0 > ns.last_query_index and loop.last %}"
+    "{{- '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' + message.content.lstrip('\\n') }}"
+    "{%- else %}"
+    "{{- '<|im_start|>assistant\\n' + message.content }}"
+    "{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+TOKENIZER_CONFIG = {
+    "tokenizer_class": "PreTrainedTokenizerFast",
+    "bos_token": None,
+    "eos_token": "<|endoftext|>",
+    "pad_token": "<|endoftext|>",
+    "add_bos_token": False,
+    "add_eos_token": True,
+    "model_max_length": 4096,
+    "chat_template": CHAT_TEMPLATE,
+}
+CHAT_CONVERSATIONS = 320
+_NAMES = ["Ada", "Ben", "Cleo", "Dev", "Eli", "Fay", "Gus", "Ivy", "Jon", "Kai", "Lea", "Max"]
+_COLOURS = ["red", "blue", "green", "black", "white", "yellow", "purple", "orange"]
+_ANIMALS = ["cat", "dog", "fox", "owl", "bee", "cow", "hen", "pig"]
+
+
+def chat_records(n: int = CHAT_CONVERSATIONS) -> list[dict]:
+    """Synthetic conversations a tiny model learns in a few dozen steps: arithmetic, echoing and
+    lookups with fixed answer phrasings, 1 to 3 turns, half with a system prompt, a sixth as
+    prompt/completion pairs. Deterministic (seeded)."""
+    rng = random.Random(24)
+    out: list[dict] = []
+    for i in range(n):
+        turns = []
+        for _ in range(rng.choice([1, 1, 2, 3])):
+            a, b = rng.randrange(10), rng.randrange(10)
+            name, colour, animal = rng.choice(_NAMES), rng.choice(_COLOURS), rng.choice(_ANIMALS)
+            turns.append(
+                rng.choice(
+                    [
+                        (f"What is {a} plus {b}?", f"{a} plus {b} is {a + b}."),
+                        (f"Repeat after me: {colour} {animal}", f"{colour} {animal}"),
+                        (f"My name is {name}. Say hello.", f"Hello, {name}! Nice to meet you."),
+                        (f"What colour is the {colour} {animal}?", f"The {animal} is {colour}."),
+                    ]
+                )
+            )
+        if i % 6 == 5:
+            out.append({"prompt": turns[0][0], "completion": turns[0][1]})
+            continue
+        system = [{"role": "system", "content": "You are a brief, helpful assistant."}] if i % 2 == 0 else []
+        messages = [m for q, r in turns for m in ({"role": "user", "content": q}, {"role": "assistant", "content": r})]
+        out.append({"messages": system + messages})
+    return out
+
+
+def write_chat_assets() -> None:
+    """The chat template in tokenizer_config.json and the conversations (no tokenizer retraining:
+    the token ids of the corpus stay as they are)."""
+    (TOKENIZER_DIR / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG, indent=2) + "\n")
+    CHAT.parent.mkdir(parents=True, exist_ok=True)
+    CHAT.write_text("".join(json.dumps(r) + "\n" for r in chat_records()))
 
 
 def _docstrings() -> list[str]:
@@ -89,21 +179,7 @@ def main() -> None:
     tok.save(str(TOKENIZER_DIR / "tokenizer.json"))
     # BOS/EOS come only from tokenizer_config.json in torchtitan's HuggingFaceTokenizer; without it
     # documents would be packed with no separator.
-    (TOKENIZER_DIR / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "bos_token": None,
-                "eos_token": "<|endoftext|>",
-                "pad_token": "<|endoftext|>",
-                "add_bos_token": False,
-                "add_eos_token": True,
-                "model_max_length": 4096,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    write_chat_assets()
     # With config.json the folder is also a (weightless) Hugging Face model folder: the `tiny` flavor
     # in Qwen3Config terms, so model=hf and flavor=auto work out of the box.
     (TOKENIZER_DIR / "config.json").write_text(json.dumps(TINY_QWEN3_CONFIG, indent=2) + "\n")
@@ -111,4 +187,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["chat"]:
+        write_chat_assets()
+    else:
+        main()

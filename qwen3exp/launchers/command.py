@@ -30,7 +30,7 @@ from qwen3exp.errors import EXIT_CHECK_CRASHED, EXIT_CONFIG_ERROR, ConfigError, 
 from qwen3exp.launchers import search, single, sweep
 from qwen3exp.launchers.job import task
 from qwen3exp.launchers.registry import launcher_of
-from qwen3exp.launchers.state import Terminated, job_started, started_launcher
+from qwen3exp.launchers.state import Terminated, begin, job_started, started_launcher
 from qwen3exp.plan import placement
 from qwen3exp.run import claim, identity, rundir
 from qwen3exp.run.redact import redact_text
@@ -38,6 +38,7 @@ from qwen3exp.run.redact import redact_text
 
 def checked_launch(inv: Invocation, command: list[str]) -> int:
     """Check, claim, launch; the exit code (see the module docstring)."""
+    begin()
     try:
         master = precheck(inv)
         held = _claim(master)

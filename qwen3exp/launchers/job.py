@@ -18,7 +18,7 @@ from qwen3exp.config.schema import Experiment
 from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError
 from qwen3exp.launchers import sweep
 from qwen3exp.launchers.local import launch
-from qwen3exp.launchers.points import Point
+from qwen3exp.launchers.points import Point, planned_here
 from qwen3exp.launchers.registry import launcher_of
 from qwen3exp.run import identity, rundir
 from qwen3exp.run.provenance import Origin
@@ -41,14 +41,24 @@ def planned_task(points: list[Point]):
 
 
 def run_planned(planned: dict[str, Point], _cfg=None) -> dict:
-    """A job of another launcher's process, run from the plan this launcher made for it."""
+    """A job of another launcher's process, run from the experiment this launcher checked for it
+    (never validated again). A pool's job (joblib, this machine) runs the launcher's plan; a job a
+    scheduler placed (SLURM) plans where it landed, since its allocation decides the platform's
+    facts, the nodes and the rendezvous port (`points.planned_here`)."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     point = planned.get(str(run_dir.resolve()))
     if point is None:  # Hydra composed a job qwen3exp's launcher did not plan
         error = f"qwen3exp: no plan for the job in {run_dir}; it was not checked, so it does not run"
         print(error, file=sys.stderr, flush=True)
         return _record_failure(run_dir, None, EXIT_CONFIG_ERROR, error, 0.0)
-    return _run(point.exp, run_dir, point.plan)
+    plan = point.plan
+    if launcher_of(point.exp.launcher).hands_over:
+        try:
+            plan = planned_here(point, run_dir)
+        except ConfigError as e:  # the allocation cannot run it (or its files changed since the check)
+            print(e.render(), file=sys.stderr, flush=True)
+            return _record_failure(run_dir, point.exp, EXIT_CONFIG_ERROR, e.render(), 0.0)
+    return _run(point.exp, run_dir, plan)
 
 
 def task(_cfg) -> dict:

@@ -77,7 +77,9 @@ class HydraFiles:
 # --------------------------------------------------------------------------------------- checks
 def job_dir(cfg) -> str:
     """The job's folder, as Hydra's run_job computes it (sweep dir / subdir)."""
-    HydraConfig.instance().set_config(cfg)
+    if "${hydra:" in str(OmegaConf.to_container(cfg.hydra.sweep, resolve=False)):
+        # Hydra's `hydra:` resolver reads the config Hydra holds (a copy of the hydra node: 20 ms a job)
+        HydraConfig.instance().set_config(cfg)
     subdir = str(OmegaConf.select(cfg, "hydra.sweep.subdir"))
     return str(Path(str(OmegaConf.select(cfg, "hydra.sweep.dir"))) / subdir)
 
@@ -113,6 +115,14 @@ def check_job(
         raise ConfigError([_with_source(p, provenance) for p in problems], context=context)
     assert exp is not None and plan is not None
     return Point(list(overrides), exp, run_dir, plan, provenance)
+
+
+def planned_here(point: Point, run_dir: Path) -> Plan:
+    """The plan of a checked job, made again on the machine the job landed on (a scheduler's
+    allocation): its experiment is the one the launcher validated, not validated again."""
+    return make_plan(
+        point.exp, str(run_dir), overrides=point.overrides, provenance=point.provenance, claims_of=override_claims
+    )
 
 
 def _merge(first: list[Problem], then: list[Problem]) -> list[Problem]:

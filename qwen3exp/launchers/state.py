@@ -47,6 +47,13 @@ def checked(check, *args, **kwargs):
 _LAUNCHER: list[object] = [None]
 
 
+def begin() -> None:
+    """A new launch (the command line, or `api.run` called again in the same process): nothing of it
+    has started yet."""
+    STARTED[0] = False
+    _LAUNCHER[0] = None
+
+
 def mark_started(launcher: object) -> None:
     """A job of a batch is about to start (or be submitted) through this launcher section."""
     STARTED[0] = True

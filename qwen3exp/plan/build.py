@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from qwen3exp.config.schema import Experiment
+from qwen3exp.config.sections.data import ChatData
 from qwen3exp.errors import ConfigError, Problem
-from qwen3exp.plan import data_files, memory, model_files, placement, tracking
+from qwen3exp.plan import chat_files, data_files, hf_data_files, memory, model_files, placement, tracking
 from qwen3exp.plan.batches import Batches, batch_problems, resolve_batches
 from qwen3exp.plan.checkpoint_verdict import CheckpointVerdict, checkpoint_verdict
 from qwen3exp.plan.memory_fit import memory_fit
@@ -93,7 +94,10 @@ def _section_problems(sections: dict[str, Any]) -> list[Problem]:
         except ConfigError as e:
             problems += e.problems
     if "data" in sections:
-        problems += data_files.data_problems(sections["data"], sections.get("validation"))
+        if not isinstance(sections["data"], ChatData):  # data=chat's own checks follow (chat_files)
+            problems += data_files.data_problems(sections["data"], sections.get("validation"))
+        problems += hf_data_files.hf_problems(sections["data"], sections.get("training"), sections.get("validation"))
+        problems += chat_files.chat_problems(sections["data"], sections.get("validation"), None)  # records only
     if all(k in sections for k in ("parallelism", "launcher", "platform")):
         try:
             # The experiment as a whole is invalid, so nothing starts: plan without probing devices.
@@ -190,7 +194,12 @@ def _resolve_stages(
         problems += e.problems
         files = None
     arch = files.arch if files is not None else None
-    problems += data_files.data_problems(exp.data, exp.validation)
+    if not isinstance(exp.data, ChatData):  # data=chat's own checks follow (chat_files)
+        problems += data_files.data_problems(exp.data, exp.validation)
+    problems += hf_data_files.hf_problems(exp.data, exp.training, exp.validation)
+    problems += chat_files.chat_problems(
+        exp.data, exp.validation, files.folder if files else None, exp.training.seq_len
+    )
     problems += tracking.check(exp)
     # A real launch checks the device here (exit 2 when it is missing); a dry run plans from tables.
     facts = resolve(exp.platform, nproc_per_node=exp.launcher.nproc_per_node, dry_run=exp.dry_run)

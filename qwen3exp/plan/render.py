@@ -9,7 +9,7 @@ from __future__ import annotations
 import shlex
 import sys
 
-from qwen3exp.plan import memory
+from qwen3exp.plan import chat_files, hf_data_files, memory
 from qwen3exp.units import human_bytes as _human
 
 
@@ -149,6 +149,8 @@ def _training_lines(plan) -> list[str]:
         f"batches:    local {b.local_batch_size} x dp {dp} x grad accumulation {b.grad_accum_steps} = global "
         f"{b.global_batch_size} sequences",
         f"tokens:     {b.tokens_per_step:,} per step, {b.tokens_per_rank_per_step:,} per rank per step",
+        *chat_files.plan_lines(plan.exp, plan.files.folder),
+        *hf_data_files.plan_lines(plan.exp),
         f"schedule:   {t.steps} steps, lr {t.lr:g}, warm-up {t.warmup} step(s) ({why}), {t.decay_type} decay",
         f"validation: {validation_line(plan.exp)}",
         f"objective:  {metric} ({direction}d; sweep.objective"

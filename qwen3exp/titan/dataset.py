@@ -4,6 +4,9 @@ validation split.
 torchtitan's built-in datasets (c4, ...) download from the Hub. This registers local entries in
 `torchtitan.hf_datasets.text_datasets.DATASETS` that read .jsonl/.json files (one {"text": ...} per
 line) or .txt files (one document per blank-line separated paragraph) with `datasets`, offline.
+data=hf reads the files `qwen3exp.plan.hf_data_source` resolves (a dataset in the local Hugging
+Face cache, or local parquet/json/arrow/csv files) through their `datasets` builder, streamed when
+data.streaming (a stream's held-out rows: `qwen3exp.plan.hf_data_files.is_held_out`, row by row).
 Registration happens in every rank (the conversion runs there), so the names resolve everywhere.
 
 The held-out split (`validation.fraction`, when validation has no path of its own): of the n
@@ -17,10 +20,14 @@ from __future__ import annotations
 
 from functools import partial
 
+from qwen3exp.config.sections.data import HFData
+
 # The file listing and the split are plain Python, shared with the pre-launch checks of the data
 # (which must not import torchtitan), so both read the same files in the same order and the plan
 # refuses a split that would leave a rank nothing to train on.
 from qwen3exp.plan.data_files import data_files, held_out
+from qwen3exp.plan.hf_data_files import is_held_out
+from qwen3exp.plan.hf_data_source import resolve
 
 DATASET_NAME = "qwen3exp_local"
 VALIDATION_NAME = "qwen3exp_validation"
@@ -35,10 +42,30 @@ def _load(path: str, *, part: str, fraction: float | None):
         ds = load_dataset("text", data_files=files, split="train", sample_by="paragraph")
     else:
         ds = load_dataset("json", data_files=files, split="train")
+    return _part(ds, part=part, fraction=fraction)
+
+
+def _part(ds, *, part: str, fraction: float | None):
+    """The training or the validation rows of a loaded dataset (all of them without a fraction). A
+    stream's length is unknown: its rows are held out one by one (`hf_data_files.is_held_out`)."""
     if part == ALL or fraction is None:
         return ds
+    keep_held = part == VALIDATION
+    if not hasattr(ds, "__len__"):  # a datasets.IterableDataset (data.streaming)
+        return ds.filter(lambda _, i: is_held_out(i, fraction) == keep_held, with_indices=True)
     held = set(held_out(len(ds), fraction))
-    return ds.select([i for i in range(len(ds)) if (i in held) == (part == VALIDATION)])
+    return ds.select([i for i in range(len(ds)) if (i in held) == keep_held])
+
+
+def _load_hf(_path: str, *, data, part: str, fraction: float | None):
+    """data=hf: the resolved files (the plan checked them) through their `datasets` builder, offline."""
+    from datasets import load_dataset  # lazy: heavy (pyarrow, pandas); only when a rank loads the data
+
+    src, problems = resolve(data)
+    if src is None:
+        raise ValueError("; ".join(p.render() for p in problems))
+    ds = load_dataset(src.builder, data_files=list(src.files), split="train", streaming=data.streaming)
+    return _part(ds, part=part, fraction=fraction)
 
 
 def _entry(path: str, text_field: str, *, part: str, fraction: float | None):
@@ -53,20 +80,52 @@ def _entry(path: str, text_field: str, *, part: str, fraction: float | None):
     )
 
 
-def register(path: str, text_field: str = "text", *, held_out_fraction: float | None = None) -> str:
-    """The training dataset: every document of `path`, less the held-out ones (if a fraction)."""
+def register(path: str, text_field: str = "text", *, held_out_fraction: float | None = None, hf=None) -> str:
+    """The training dataset: every document of `path`, less the held-out ones (if a fraction);
+    `hf`: a data=hf section, read instead of `path`."""
     from torchtitan.hf_datasets.text_datasets import DATASETS  # lazy: torchtitan in the ranks only
 
+    if hf is not None:
+        return register_hf(hf, held_out_fraction=held_out_fraction)
     part = TRAIN if held_out_fraction is not None else ALL
     DATASETS[DATASET_NAME] = _entry(path, text_field, part=part, fraction=held_out_fraction)
     return DATASET_NAME
 
 
-def register_validation(path: str, text_field: str = "text", *, held_out_fraction: float | None = None) -> str:
-    """The validation dataset: the held-out documents of `path` (a fraction), or all of `path` (a
-    separate validation path)."""
+def hf(data) -> HFData | None:
+    """The data section when it is data=hf (read by `register_hf`), else None."""
+    return data if isinstance(data, HFData) else None
+
+
+def _hf_entry(data, *, part: str, fraction: float | None):
+    from torchtitan.hf_datasets import DatasetConfig  # lazy: torchtitan in the ranks only
+
+    field = data.text_field
+    return DatasetConfig(
+        path=str(data.name or data.files),
+        loader=partial(_load_hf, data=data, part=part, fraction=fraction),
+        sample_processor=lambda sample: sample[field],
+    )
+
+
+def register_hf(data, *, held_out_fraction: float | None = None, validation: bool = False) -> str:
+    """data=hf (an HFData section): the training rows (less the held-out ones, if a fraction), or
+    with `validation` the held-out rows."""
     from torchtitan.hf_datasets.text_datasets import DATASETS  # lazy: torchtitan in the ranks only
 
+    part = (VALIDATION if validation else TRAIN) if held_out_fraction is not None else ALL
+    name = VALIDATION_NAME if validation else DATASET_NAME
+    DATASETS[name] = _hf_entry(data, part=part, fraction=held_out_fraction)
+    return name
+
+
+def register_validation(path: str, text_field: str = "text", *, held_out_fraction: float | None = None, hf=None) -> str:
+    """The validation dataset: the held-out documents of `path` (a fraction), or all of `path` (a
+    separate validation path); `hf`: a data=hf section whose held-out rows are read instead."""
+    from torchtitan.hf_datasets.text_datasets import DATASETS  # lazy: torchtitan in the ranks only
+
+    if hf is not None:
+        return register_hf(hf, held_out_fraction=held_out_fraction, validation=True)
     part = VALIDATION if held_out_fraction is not None else ALL
     DATASETS[VALIDATION_NAME] = _entry(path, text_field, part=part, fraction=held_out_fraction)
     return VALIDATION_NAME

@@ -19,6 +19,7 @@ from pathlib import Path
 from qwen3exp.assets import CORPUS_DIR
 from qwen3exp.config.flavors import Arch
 from qwen3exp.config.schema import Experiment
+from qwen3exp.config.sections.data import ChatData
 from qwen3exp.errors import ConfigError, Problem
 from qwen3exp.plan import model_files
 from qwen3exp.platforms import PlatformFacts
@@ -69,6 +70,10 @@ def data_path(exp: Experiment) -> Path:
             return CORPUS_DIR
         case "local":
             return Path(exp.data.path)
+        case "chat":
+            return Path(exp.data.location)
+        case "hf":  # only named: `dataset.register(hf=...)` reads the files it resolves to
+            return Path(exp.data.name or exp.data.files or "")
     raise AssertionError(exp.data)
 
 
@@ -95,7 +100,9 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
         dump_folder=str(run_dir),
         metrics=_metrics_config(exp, facts, run_dir),
         dataloader=HuggingFaceTextDataLoader.Config(
-            dataset=dataset.register(str(data), text_field, held_out_fraction=exp.validation.held_out),
+            dataset=dataset.register(
+                str(data), text_field, held_out_fraction=exp.validation.held_out, hf=dataset.hf(exp.data)
+            ),
             dataset_path=str(data),
             infinite=True,
         ),
@@ -117,6 +124,10 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
         # kernels=... : torchtitan applies these in Trainer.__init__, checked before launch.
         override=OverrideConfig(imports=overrides.import_entries(exp.kernels)),
     )
+    if isinstance(exp.data, ChatData):  # conversations: qwen3exp's own loader, not torchtitan's text one
+        from qwen3exp.titan import chat_dataset  # lazy: imports torchtitan
+
+        chat_dataset.use_chat_loaders(config, exp, str(hf_assets_path(exp)))
     return config
 
 
@@ -225,7 +236,9 @@ def validator_config(exp: Experiment, data: Path, text_field: str):
         steps=v.steps,
         last_step=exp.training.steps,
         dataloader=HuggingFaceTextDataLoader.Config(
-            dataset=dataset.register_validation(str(path), text_field, held_out_fraction=v.held_out),
+            dataset=dataset.register_validation(
+                str(path), text_field, held_out_fraction=v.held_out, hf=dataset.hf(exp.data) if v.path is None else None
+            ),
             dataset_path=str(path),
             infinite=True,
         ),

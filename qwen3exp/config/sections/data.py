@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from qwen3exp.config.sections.base import PosInt, Strict
+from qwen3exp.assets import ASSETS
+from qwen3exp.config.sections.base import PosInt, Strict, tagged
 
 
 class BundledData(Strict):
@@ -22,7 +23,64 @@ class LocalData(Strict):
     text_field: str = "text"
 
 
-Data = Annotated[BundledData | LocalData, Field(discriminator="source")]
+class HFData(Strict):
+    """A Hugging Face dataset read as plain text: by name from the local Hugging Face cache, or
+    local files (parquet, jsonl/json, arrow, csv). Exactly one of `name` and `files`."""
+
+    source: Literal["hf"] = "hf"
+    name: str | None = None
+    """A dataset repo id in the local Hugging Face cache (HF_HUB_CACHE or HF_HOME): `org/name`, or
+    `org/name@revision`; nothing is downloaded (`hf download org/name --repo-type dataset` fetches it)."""
+    files: str | None = None
+    """Local data files: a parquet, .jsonl/.json, .arrow or .csv file, a folder of them, or a glob."""
+    split: str = "train"
+    """The split to train on (a dataset folder's split files, or its README's `configs`)."""
+    subset: str | None = None
+    """The subset (a `config_name` of the dataset's README); null: its default."""
+    text_field: str = "text"
+    """The column that holds each document's text."""
+    streaming: bool = False
+    """Read the files as a stream (no arrow copy in the datasets cache first)."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> HFData:
+        if (self.name is None) == (self.files is None):
+            given = "both are given" if self.name is not None else "neither is given"
+            raise ValueError(
+                tagged(
+                    "name" if self.name is not None else "files",
+                    self.name,
+                    f"data=hf reads a dataset by name or local files, and {given}",
+                    "exactly one of data.name (org/name[@revision]) and data.files (a path or glob)",
+                )
+            )
+        return self
+
+
+class ChatData(Strict):
+    """Supervised fine-tuning on conversations: each one rendered by the tokenizer's chat template,
+    the loss on the tokens `loss_on` names, one conversation per sequence (padded; padding untrained)."""
+
+    source: Literal["chat"] = "chat"
+    path: str | None = None
+    """A .jsonl file, or a folder of them: one conversation per line, {"messages": [{"role",
+    "content"}, ...]} (roles system, user, assistant) or {"prompt", "completion"}. null: the small
+    synthetic conversation set shipped with qwen3exp (qwen3exp/assets/chat)."""
+    messages_field: str = "messages"
+    """The field that holds each record's list of messages."""
+    loss_on: Literal["assistant", "last_assistant", "all"] = "assistant"
+    """assistant: every assistant turn's content and end-of-turn token; last_assistant: the last
+    assistant turn's only; all: every token of the conversation."""
+    max_len_policy: Literal["drop", "truncate"] = "drop"
+    """A conversation longer than training.seq_len + 1 tokens: dropped, or cut to that length."""
+
+    @property
+    def location(self) -> str:
+        """data.path, or the folder of the bundled conversations."""
+        return self.path if self.path is not None else str(ASSETS / "chat")
+
+
+Data = Annotated[BundledData | LocalData | HFData | ChatData, Field(discriminator="source")]
 
 
 class Validation(Strict):

@@ -1,0 +1,171 @@
+"""data=chat in the ranks: a torchtitan dataloader of conversations, one per sequence, padded.
+
+Each conversation is rendered by the run's tokenizer and chat template with the trained mask of
+data.loss_on (`qwen3exp.plan.chat_render`, the code the pre-launch checks and the plan ran), fitted
+to training.seq_len (data.max_len_policy: drop or truncate; `chat_render.fit`), and yielded as
+torchtitan's text datasets yield a sample: `{"input": ids, "positions": 0..seq_len-1}` and labels.
+labels[i] is the token after input i where that token is trained, else torchtitan's IGNORE_INDEX
+(-100, which `torchtitan.components.loss.cross_entropy_loss` ignores and the trainer leaves out of
+its count of valid tokens, so the step loss is the mean over the trained tokens of all ranks).
+Padding (the tokenizer's pad token, else its eos) follows the conversation: the causal mask keeps
+it out of the conversation's attention, and its labels are ignored.
+
+Sharding: the conversations of the part (`held_out`: training takes the others, validation the held
+out ones; the same split as data=local) are dealt out round-robin, conversation i to data-parallel
+rank i mod dp_world_size. The first epoch reads them in file order, later ones reshuffled (seed 42 +
+epoch, as torchtitan's datasets do). The read position is saved with dcp checkpoints.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.utils.data import IterableDataset
+from torchtitan.components.dataloader import ParallelAwareDataloader
+from torchtitan.components.loss import IGNORE_INDEX
+
+from qwen3exp.plan.chat_render import Rendered, fit, load_tokenizer, messages_of, records, render
+from qwen3exp.plan.data_files import held_out
+
+TRAIN, VALIDATION, ALL = "train", "validation", "all"
+
+
+def part_of(path: str, part: str, fraction: float | None) -> list[str]:
+    """The records (JSON lines) of `path` that `part` reads: all, or the training or held-out side."""
+    lines = [line for _, _, line in records(path)]
+    if part == ALL or fraction is None:
+        return lines
+    held = set(held_out(len(lines), fraction))
+    return [line for i, line in enumerate(lines) if (i in held) == (part == VALIDATION)]
+
+
+def sample(r: Rendered, seq_len: int, pad_id: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """One fitted conversation as (inputs, labels) of seq_len positions."""
+    n = len(r.ids) - 1
+    inputs = r.ids[:-1] + [pad_id] * (seq_len - n)
+    labels = [t if on else IGNORE_INDEX for t, on in zip(r.ids[1:], r.trained[1:], strict=True)]
+    labels += [IGNORE_INDEX] * (seq_len - n)
+    positions = torch.arange(seq_len, dtype=torch.long)
+    return {"input": torch.tensor(inputs, dtype=torch.long), "positions": positions}, torch.tensor(labels)
+
+
+class ChatDataset(IterableDataset, Stateful):
+    def __init__(self, config: ChatDataLoader.Config, *, seq_len: int, dp_rank: int, dp_world_size: int) -> None:
+        self.config, self.seq_len = config, seq_len
+        self._lines = part_of(config.path, config.part, config.fraction)[dp_rank::dp_world_size]
+        self._tok = load_tokenizer(config.tokenizer_path)
+        pad = self._tok.pad_token_id if self._tok.pad_token_id is not None else self._tok.eos_token_id
+        self._pad = int(pad or 0)
+        self._sample_idx = 0
+        self._epoch = 0
+
+    def _order(self) -> list[int]:
+        order = list(range(len(self._lines)))
+        if self._epoch > 0:
+            random.Random(42 + self._epoch).shuffle(order)
+        return order
+
+    def __iter__(self):
+        c = self.config
+        while True:
+            order, yielded = self._order(), False
+            while self._sample_idx < len(order):
+                line = self._lines[order[self._sample_idx]]
+                self._sample_idx += 1
+                r = fit(
+                    render(self._tok, messages_of(line, c.messages_field), c.loss_on), self.seq_len, c.max_len_policy
+                )
+                if r is not None:
+                    yielded = True
+                    yield sample(r, self.seq_len, self._pad)
+            if not c.infinite:
+                return
+            if not yielded and self._sample_idx == len(order):
+                raise ValueError(
+                    f"data=chat: none of this rank's {len(order)} conversation(s) of {c.path} fits "
+                    f"training.seq_len={self.seq_len} (data.max_len_policy={c.max_len_policy})"
+                )
+            self._sample_idx, self._epoch = 0, self._epoch + 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sample_idx": self._sample_idx, "epoch": self._epoch}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._sample_idx, self._epoch = state_dict["sample_idx"], state_dict["epoch"]
+
+
+class ChatDataLoader(ParallelAwareDataloader):
+    """torchtitan's dataloader over `ChatDataset` (built by the trainer and by the validator)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(ParallelAwareDataloader.Config):
+        path: str = ""
+        """data.path (or validation.path)."""
+        messages_field: str = "messages"
+        loss_on: str = "assistant"
+        max_len_policy: str = "drop"
+        tokenizer_path: str = ""
+        """The run's tokenizer folder (hf_assets_path): its chat template renders the conversations."""
+        part: str = ALL
+        """train, validation (the two sides of the held-out split) or all."""
+        fraction: float | None = None
+        """validation.fraction held out (None: no split)."""
+        infinite: bool = True
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        tokenizer=None,
+        seq_len: int,
+        local_batch_size: int,
+        snapshot_every_n_steps: int | None = 1,
+        **kwargs,
+    ):
+        ds = ChatDataset(config, seq_len=seq_len, dp_rank=dp_rank, dp_world_size=dp_world_size)
+        super().__init__(
+            ds,
+            dp_rank=dp_rank,
+            dp_world_size=dp_world_size,
+            num_workers=config.num_workers,
+            persistent_workers=config.persistent_workers,
+            pin_memory=config.pin_memory,
+            prefetch_factor=config.prefetch_factor,
+            snapshot_every_n_steps=snapshot_every_n_steps,
+            batch_size=local_batch_size,
+        )
+
+
+def loader_config(exp, tokenizer_path: str, *, validation: bool) -> ChatDataLoader.Config:
+    """The dataloader of data=chat for training, or for the validator (the held-out conversations,
+    or all of validation.path)."""
+    d, v = exp.data, exp.validation
+    if validation and v.path is not None:
+        path, part, fraction = v.path, ALL, None
+    else:
+        path, fraction = d.location, v.held_out
+        part = ALL if fraction is None else (VALIDATION if validation else TRAIN)
+    return ChatDataLoader.Config(
+        path=str(path),
+        messages_field=d.messages_field,
+        loss_on=d.loss_on,
+        max_len_policy=d.max_len_policy,
+        tokenizer_path=tokenizer_path,
+        part=part,
+        fraction=fraction,
+        infinite=True,
+    )
+
+
+def use_chat_loaders(config, exp, tokenizer_path: str) -> None:
+    """Put data=chat's dataloaders into a built Trainer.Config (training's, and the validator's when
+    validation is on), in place of the text loaders `to_torchtitan` builds for every source."""
+    config.dataloader = loader_config(exp, tokenizer_path, validation=False)
+    if exp.validation.enable:
+        config.validator.dataloader = loader_config(exp, tokenizer_path, validation=True)
