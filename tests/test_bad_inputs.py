@@ -242,7 +242,7 @@ CASES = [
         "group_option_with_others",
         ("data=locl", "training.steps=0"),
         "data",
-        "bundled, local",
+        "bundled, chat, hf, local",
         ("did you mean local?", "2 configuration errors", "training.steps = 0"),
     ),
     Case(

@@ -19,7 +19,7 @@ from qwen3exp.errors import ConfigError, Problem, nearby_path
 CONF_DIR = (Path(__file__).parent.parent / "conf").resolve()
 """The packaged config groups: in a wheel, qwen3exp/conf; in the source tree a link to conf/."""
 CONFIG_NAME = "config"
-GROUPS = ("model", "parallelism", "kernels", "checkpoint", "platform", "data", "launcher", "experiment")
+GROUPS = ("model", "parallelism", "kernels", "checkpoint", "platform", "data", "peft", "launcher", "experiment")
 LAUNCHER_TARGET = "hydra_plugins.qwen3exp_launcher.launcher.Qwen3expLauncher"
 """qwen3exp's Hydra launcher (conf: hydra/launcher=qwen3exp): it checks every batch of jobs."""
 LAUNCHER_OVERRIDE = "hydra/launcher=qwen3exp"

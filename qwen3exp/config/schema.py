@@ -26,6 +26,7 @@ from qwen3exp.config.sections.launcher import Launcher, LocalLauncher
 from qwen3exp.config.sections.metrics import Metrics
 from qwen3exp.config.sections.model import Model
 from qwen3exp.config.sections.parallelism import Parallelism
+from qwen3exp.config.sections.peft import NoPeft, Peft
 from qwen3exp.config.sections.platform import AutoPlatform, Platform
 from qwen3exp.config.sections.sweep import OBJECTIVES, Sweep
 from qwen3exp.config.sections.training import Training
@@ -48,6 +49,7 @@ class Experiment(Strict):
     checkpoint: Checkpoint = NoCheckpoint()
     platform: Platform = AutoPlatform()
     data: Data = BundledData()
+    peft: Peft = NoPeft()
     launcher: Launcher = LocalLauncher()
     metrics: Metrics = Metrics()
     validation: Validation = Validation()
@@ -68,6 +70,7 @@ SECTIONS: dict[str, Any] = {
     "checkpoint": Checkpoint,
     "platform": Platform,
     "data": Data,
+    "peft": Peft,
     "launcher": Launcher,
     "metrics": Metrics,
 }

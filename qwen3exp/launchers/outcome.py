@@ -200,6 +200,7 @@ def summarize(
         "overrides": merge_applied(plan.kernel_claims, run_dir),
         "nnodes": plan.placement.nnodes,
         "node_rank": plan.placement.node_rank,
+        "data": plan.data,  # the plan's figures: documents, tokens, epochs, separator; chat: dropped, truncated
     }
     summary.update(extra or {})
     write_summary(run_dir / node_file(rundir.SUMMARY, plan.placement), summary)

@@ -28,7 +28,7 @@ from typing import Any
 from qwen3exp.config.schema import Experiment
 from qwen3exp.config.sections.data import ChatData
 from qwen3exp.errors import ConfigError, Problem
-from qwen3exp.plan import chat_files, data_files, hf_data_files, memory, model_files, placement, tracking
+from qwen3exp.plan import chat_files, data_figures, data_files, hf_data_files, memory, model_files, placement, tracking
 from qwen3exp.plan.batches import Batches, batch_problems, resolve_batches
 from qwen3exp.plan.checkpoint_verdict import CheckpointVerdict, checkpoint_verdict
 from qwen3exp.plan.memory_fit import memory_fit
@@ -134,8 +134,10 @@ def make_plan(
             f"on this node: expect it to be slow"
         )
     total, active = arch.param_counts()
-    params = Parameters(total, active, memory.params_per_rank(arch, mesh.degrees), arch.is_moe)
+    trainable = memory.trainable_of(arch, exp.peft)
+    params = Parameters(total, active, memory.params_per_rank(arch, mesh.degrees), arch.is_moe, trainable)
     mem, problems = memory_fit(exp, arch, mesh, facts, total, warnings)
+    problems += _peft_problems(exp, arch.is_moe)
     verdict = checkpoint_verdict(exp, files, Path(run_dir))
     problems += _verdict_problems(exp, verdict)
     if problems:
@@ -164,6 +166,7 @@ def make_plan(
         launch_notes=placement.notes(exp, where),
         provenance=provenance.table(exp.model_dump(mode="json")) if provenance is not None else [],
         warnings=warnings,
+        data=data_figures.figures(exp, files.folder, batches).as_json(),
     )
 
 
@@ -200,6 +203,7 @@ def _resolve_stages(
     problems += chat_files.chat_problems(
         exp.data, exp.validation, files.folder if files else None, exp.training.seq_len
     )
+    problems += data_figures.eos_problems(exp.data, files.folder if files else None)
     problems += tracking.check(exp)
     # A real launch checks the device here (exit 2 when it is missing); a dry run plans from tables.
     facts = resolve(exp.platform, nproc_per_node=exp.launcher.nproc_per_node, dry_run=exp.dry_run)
@@ -239,3 +243,16 @@ def prepare(exp: Experiment, env: Mapping[str, str] | None = None, claims_of: Cl
     batches = resolve_batches(exp, mesh)
     where = placement.resolve(exp, os.environ if env is None else env)
     return Prepared(exp, facts, mesh, batches, files, where, kernel_claims(exp, facts, claims_of))
+
+
+def _peft_problems(exp: Experiment, is_moe: bool) -> list[Problem]:
+    """peft=lora where it cannot apply yet: model=hf, and MLP targets of an MoE model (grouped experts)."""
+    if exp.peft.kind != "lora":
+        return []
+    if exp.model.backend != "native":
+        return [Problem("peft", "lora", "LoRA runs on model=native only (so far)", "model=native", None)]
+    mlp = sorted({"gate_proj", "up_proj", "down_proj"} & set(exp.peft.targets))
+    if mlp and is_moe:
+        why = "an MoE model's experts are grouped tensors, not projections LoRA can target"
+        return [Problem("peft.targets", exp.peft.targets, why, "q_proj, k_proj, v_proj, o_proj", None)]
+    return []

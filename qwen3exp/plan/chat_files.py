@@ -188,8 +188,17 @@ def _stats(key: tuple, tokenizer_folder: str, seq_len: int, _stamp: tuple) -> Ch
     return ChatStats(checked, conversation_count(path), tokens, trained, dropped, truncated)
 
 
-def plan_lines(exp, tokenizer_folder: Path) -> list[str]:
-    """The plan's lines about data=chat (none for other data)."""
+def epochs(s: ChatStats, sequences: int, held_out: float | None) -> float | None:
+    """Passes over the training conversations that `sequences` (global batch x training.steps) make: one
+    conversation per sequence; None when the conversations are not counted."""
+    if s.total is None or not s.checked:
+        return None
+    kept = s.total * (s.checked - s.dropped) / s.checked * (1 - (held_out or 0.0))
+    return sequences / kept if kept else None
+
+
+def plan_lines(exp, tokenizer_folder: Path, global_batch_size: int | None = None) -> list[str]:
+    """The plan's lines about data=chat (none for other data); with the global batch, the epochs."""
     d, seq_len = exp.data, exp.training.seq_len
     if d.source != "chat":
         return []
@@ -203,5 +212,13 @@ def plan_lines(exp, tokenizer_folder: Path) -> list[str]:
         f"chat data:  {of} conversations: {s.tokens:,} tokens, {s.trained:,} trained ({share}; "
         f"data.loss_on={d.loss_on}); one conversation per sequence, {padding:.0%} padding",
         f"            at seq_len {seq_len}: {s.dropped} dropped, {s.truncated} truncated "
-        f"(data.max_len_policy={d.max_len_policy})",
+        f"(data.max_len_policy={d.max_len_policy})"
+        + (f"; {_epochs_text(s, exp, global_batch_size)}" if global_batch_size else ""),
     ]
+
+
+def _epochs_text(s: ChatStats, exp, global_batch_size: int) -> str:
+    steps = exp.training.steps
+    ep = epochs(s, global_batch_size * steps, exp.validation.held_out)
+    shown = "? epochs (conversations not counted)" if ep is None else f"{ep:.3g} epoch(s)"
+    return f"{steps} steps x {global_batch_size} conversations = {shown}"

@@ -17,8 +17,8 @@ shards on the meta device (a fake process group).
 
 Memory per rank (bytes), for AdamW:
   parameters  = params_per_rank x bytes(training.dtype)
-  gradients   = params_per_rank x bytes(training.dtype)
-  optimizer   = 2 x params_per_rank x bytes(training.dtype)          (exp_avg and exp_avg_sq)
+  gradients   = trainable_per_rank x bytes(training.dtype)    (trainable: all, or peft=lora's adapters,
+  optimizer   = 2 x trainable_per_rank x bytes(training.dtype)   rank x (in + out) per target and layer)
   fsdp buffers = 2 x U x bytes(mixed_precision_param) + U x 4          (U: the largest FSDP unit's
                  unsharded parameters / tp: a block, the embedding, or [norm, lm_head]; one
                  all-gathered, one prefetched, one float32 gradient being reduce-scattered; 0 when
@@ -55,6 +55,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from qwen3exp.config.flavors import Arch
+from qwen3exp.config.sections.peft import Lora, Peft
 from qwen3exp.config.sections.training import LOSS_CHUNKS
 from qwen3exp.units import gib as gib  # re-exported: plan/build.py prints through `memory.gib`
 
@@ -143,6 +144,19 @@ def local_shape(t: ParamTensor, g: Degrees) -> tuple[int, ...]:
         split(t.tp_dim, g.tp)
     split(0, fsdp)
     return tuple(shape)
+
+
+def lora_trainable(arch: Arch, targets: list[str], rank: int) -> int:
+    """LoRA's trainable parameters: rank x (in + out) for each targeted projection (out x in) of each layer."""
+    q, kv, d, f = arch.n_heads * arch.head_dim, arch.n_kv_heads * arch.head_dim, arch.dim, arch.hidden_dim
+    shapes = {"q_proj": q + d, "k_proj": kv + d, "v_proj": kv + d, "o_proj": d + q}
+    shapes |= {"gate_proj": d + f, "up_proj": d + f, "down_proj": f + d}
+    return arch.n_layers * rank * sum(shapes[t] for t in targets)
+
+
+def trainable_of(arch: Arch, peft: Peft) -> int | None:
+    """The parameters that train: None (all of them), or peft=lora's adapters."""
+    return lora_trainable(arch, list(peft.targets), peft.rank) if isinstance(peft, Lora) else None
 
 
 def params_per_rank(arch: Arch, g: Degrees) -> int:
@@ -238,10 +252,13 @@ def estimate(
     compute_dtype: str,
     activation_checkpoint: str,
     budget: int,
+    trainable: int | None = None,
 ) -> Memory:
+    """`trainable`: the parameters that train (peft=lora: the adapters'; None: all), sharded like the rest."""
     p = params_per_rank(arch, g)
+    t = p if trainable is None else math.ceil(trainable / (g.dp_shard * g.cp * g.tp * g.pp))
     pb, cb = DTYPE_BYTES[param_dtype], DTYPE_BYTES[compute_dtype]
-    params, grads, optim = p * pb, p * pb, 2 * p * pb
+    params, grads, optim = p * pb, t * pb, 2 * t * pb
     sharded = g.dp_shard * g.cp > 1 or (g.ep > 1)
     unit = largest_unit(arch, g)
     buffers = (2 * unit * cb + unit * 4) if sharded else 0

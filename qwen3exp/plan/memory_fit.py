@@ -29,6 +29,7 @@ def memory_fit(
         compute_dtype=t.mixed_precision_param,
         activation_checkpoint=t.activation_checkpoint,
         budget=facts.memory_per_rank_bytes,
+        trainable=memory.trainable_of(arch, exp.peft),
     )
     problems: list[Problem] = []
     if not mem.fits:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import shlex
 import sys
 
-from qwen3exp.plan import chat_files, hf_data_files, memory
+from qwen3exp.plan import chat_files, data_figures, hf_data_files, memory
 from qwen3exp.units import human_bytes as _human
 
 
@@ -114,6 +114,11 @@ def _model_lines(plan) -> list[str]:
         f"            per rank {_count(p.per_rank)} (after tp {m.tp}, ep {m.ep}, FSDP over dp_shard x cp = "
         f"{m.dp_shard * m.cp}, pp {m.pp})"
     )
+    if p.trainable is not None:
+        lora = plan.exp.peft
+        lines.append(
+            f"            trainable {_count(p.trainable)} (LoRA rank {lora.rank} on {', '.join(lora.targets)})"
+        )
     return lines
 
 
@@ -149,8 +154,9 @@ def _training_lines(plan) -> list[str]:
         f"batches:    local {b.local_batch_size} x dp {dp} x grad accumulation {b.grad_accum_steps} = global "
         f"{b.global_batch_size} sequences",
         f"tokens:     {b.tokens_per_step:,} per step, {b.tokens_per_rank_per_step:,} per rank per step",
-        *chat_files.plan_lines(plan.exp, plan.files.folder),
+        *chat_files.plan_lines(plan.exp, plan.files.folder, b.global_batch_size),
         *hf_data_files.plan_lines(plan.exp),
+        *data_figures.plan_lines(plan),
         f"schedule:   {t.steps} steps, lr {t.lr:g}, warm-up {t.warmup} step(s) ({why}), {t.decay_type} decay",
         f"validation: {validation_line(plan.exp)}",
         f"objective:  {metric} ({direction}d; sweep.objective"

@@ -29,6 +29,8 @@ class Parameters:
     per_rank: int
     """Held by the rank with the largest shard, after tp / ep / FSDP sharding (`qwen3exp.plan.memory`)."""
     is_moe: bool
+    trainable: int | None = None
+    """peft=lora: the adapters' parameters (`qwen3exp.plan.memory.lora_trainable`); None: all train."""
 
 
 @dataclass
@@ -61,6 +63,8 @@ class Plan:
     provenance: list[tuple[str, Any, Any]] = field(default_factory=list)
     """(key, value, source) for every key of the experiment (empty when not computed)."""
     warnings: list[str] = field(default_factory=list)
+    data: dict = field(default_factory=dict)
+    """The data's figures (`qwen3exp.plan.data_figures.DataFigures.as_json`): documents, tokens, epochs, separator."""
 
     def as_json(self) -> dict:
         """The plan as plan.json holds it (`qwen3exp.run.rundir.PLAN`; the experiment itself is in experiment.yaml)."""
@@ -81,6 +85,7 @@ class Plan:
             "launch_notes": self.launch_notes,
             "provenance": {k: {"value": v, "source": str(s)} for k, v, s in self.provenance},
             "warnings": self.warnings,
+            "data": self.data,
         }
 
 

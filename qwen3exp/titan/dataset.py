@@ -18,13 +18,15 @@ training entry and the validation entry select complementary rows of the same lo
 
 from __future__ import annotations
 
-from functools import partial
+from dataclasses import dataclass
+from functools import cache, partial
 
 from qwen3exp.config.sections.data import HFData
 
 # The file listing and the split are plain Python, shared with the pre-launch checks of the data
 # (which must not import torchtitan), so both read the same files in the same order and the plan
 # refuses a split that would leave a rank nothing to train on.
+from qwen3exp.plan.data_figures import separator, tokenizer_eos
 from qwen3exp.plan.data_files import data_files, held_out
 from qwen3exp.plan.hf_data_files import is_held_out
 from qwen3exp.plan.hf_data_source import resolve
@@ -129,3 +131,38 @@ def register_validation(path: str, text_field: str = "text", *, held_out_fractio
     part = VALIDATION if held_out_fraction is not None else ALL
     DATASETS[VALIDATION_NAME] = _entry(path, text_field, part=part, fraction=held_out_fraction)
     return VALIDATION_NAME
+
+
+@cache
+def _separated_tokenizer():
+    """torchtitan's HuggingFaceTokenizer whose eos_id (the id its text dataset appends to every
+    document, `encode(text, add_eos=True)`) is the token data.eos chose (`plan.data_figures.separator`)."""
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer  # lazy: torchtitan in the ranks only
+
+    class SeparatedTokenizer(HuggingFaceTokenizer):
+        @dataclass(kw_only=True, slots=True)
+        class Config(HuggingFaceTokenizer.Config):
+            eos: str = ""
+            """The document separator (the plan resolved and checked it)."""
+
+        def __init__(self, config: Config, *, tokenizer_path: str):
+            super().__init__(config, tokenizer_path=tokenizer_path)
+            eos_id = self.tokenizer.token_to_id(config.eos)
+            if eos_id is None:
+                raise ValueError(f"data.eos {config.eos!r} is not a token of the tokenizer in {tokenizer_path}")
+            self.eos_token, self.eos_id = config.eos, eos_id
+            self.hf_adds_eos = eos_id in self.tokenizer.encode("").ids
+
+    return SeparatedTokenizer
+
+
+def tokenizer_config(exp, tokenizer_path: str):
+    """The trainer's tokenizer config: plain-text data's documents end with the separator the plan
+    chose (data.eos; null: the end-of-text token); torchtitan's own when that is the tokenizer's eos_token
+    already (the bundled tokenizer's `<|endoftext|>`), and for data=chat (its loader renders on its own)."""
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer  # lazy: torchtitan in the ranks only
+
+    sep = separator(exp.data, tokenizer_path)
+    if sep is None or sep[0] == tokenizer_eos(tokenizer_path):
+        return HuggingFaceTokenizer.Config()
+    return _separated_tokenizer().Config(eos=sep[0])

@@ -213,3 +213,46 @@ def verify(folder: Path, *, tied: bool) -> dict:
     report["ok"] = not problems
     report["error"] = "; ".join(problems) or None
     return report
+
+
+ADAPTER_FOLDER = "adapter"
+"""The PEFT adapter folder of a peft=lora export: `<export folder>/adapter/`."""
+
+_PEFT_MODULES = {
+    "attention.qkv_linear.wq": "self_attn.q_proj",
+    "attention.qkv_linear.wk": "self_attn.k_proj",
+    "attention.qkv_linear.wv": "self_attn.v_proj",
+    "attention.wo": "self_attn.o_proj",
+    "feed_forward.w1": "mlp.gate_proj",
+    "feed_forward.w2": "mlp.down_proj",
+    "feed_forward.w3": "mlp.up_proj",
+}
+
+
+def peft_key(fqn: str) -> str:
+    """PEFT's name of a torchtitan LoRA weight: `layers.3.attention.qkv_linear.wq.lora_a.weight` ->
+    `base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight`."""
+    head, _, tail = fqn.partition(".lora_")
+    which = {"a.weight": "lora_A.weight", "b.weight": "lora_B.weight"}[tail]
+    _, layer, module = head.split(".", 2)
+    return f"base_model.model.model.layers.{layer}.{_PEFT_MODULES[module]}.{which}"
+
+
+def adapter_config(*, rank: int, alpha: float, dropout: float, targets: list[str], base: str) -> dict:
+    """adapter_config.json of a PEFT LoRA adapter (the keys `peft.LoraConfig` reads)."""
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base,
+        "r": rank,
+        "lora_alpha": alpha,
+        "lora_dropout": dropout,
+        "target_modules": sorted(targets),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "init_lora_weights": True,
+        "modules_to_save": None,
+        "use_rslora": False,
+        "use_dora": False,
+    }

@@ -97,6 +97,7 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
         **extra,
         model_spec=model_spec,
         hf_assets_path=str(hf_assets_path(exp)),
+        tokenizer=dataset.tokenizer_config(exp, str(hf_assets_path(exp))),  # the separator data.eos chose
         dump_folder=str(run_dir),
         metrics=_metrics_config(exp, facts, run_dir),
         dataloader=HuggingFaceTextDataLoader.Config(
@@ -139,7 +140,11 @@ def _model(exp: Experiment, facts: PlatformFacts, arch: Arch):
     match exp.model.backend:
         case "native":
             model_spec = qwen3_model_spec(
-                arch, flavor=exp.model.flavor, attention=attention, force_sum_reductions=facts.force_sum_reductions
+                arch,
+                flavor=exp.model.flavor,
+                attention=attention,
+                force_sum_reductions=facts.force_sum_reductions,
+                lora=exp.peft if exp.peft.kind == "lora" else None,
             )
             return Trainer.Config, {}, model_spec
         case "hf":
@@ -253,6 +258,11 @@ def checkpoint_config(exp: Experiment, run_dir: Path):
     from qwen3exp.titan.checkpointing import KeepLatestCheckpointManager as CheckpointManager  # lazy: torchtitan
 
     c, folder = exp.checkpoint, rundir.CHECKPOINT
+    exporter, adapter = CheckpointManager, {}
+    if exp.peft.kind == "lora":  # the export also writes the PEFT adapter folder
+        from qwen3exp.titan import lora  # lazy: imports torchtitan
+
+        exporter, adapter = lora.checkpoint_manager_cls(), {"adapter": lora.adapter_json(exp.peft)}
     weights = model_files.weights_folder(exp)
     load = dict(initial_load_path=str(weights), initial_load_in_hf=True, initial_load_model_only=True)
     # No periodic saves: the only save is the last step (torchtitan always saves it).
@@ -274,7 +284,7 @@ def checkpoint_config(exp: Experiment, run_dir: Path):
         case "hf_load":
             return CheckpointManager.Config(enable=True, folder=folder, load_only=True, **load)
         case "hf_export":
-            return CheckpointManager.Config(enable=True, folder=folder, export_dtype=c.dtype, **export)
+            return exporter.Config(enable=True, folder=folder, export_dtype=c.dtype, **export, **adapter)
         case "hf_roundtrip":
-            return CheckpointManager.Config(enable=True, folder=folder, export_dtype=c.dtype, **load, **export)
+            return exporter.Config(enable=True, folder=folder, export_dtype=c.dtype, **load, **export, **adapter)
     raise AssertionError(c)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from qwen3exp.config.flavors import Arch
 
 
-def qwen3_model_config(arch: Arch, *, attention: str):
+def qwen3_model_config(arch: Arch, *, attention: str, fuse_qkv: bool = True):
     from torchtitan.models.common import CosSinRoPE, Embedding, Linear  # lazy: torchtitan in the ranks only
     from torchtitan.models.common.nn_modules import RMSNorm  # lazy: the same
     from torchtitan.models.qwen3 import (  # lazy: the same
@@ -36,7 +36,7 @@ def qwen3_model_config(arch: Arch, *, attention: str):
         n_heads=arch.n_heads,
         n_kv_heads=arch.n_kv_heads,
         head_dim=arch.head_dim,
-        fuse_qkv=True,
+        fuse_qkv=fuse_qkv,
         rope=rope,
         # sdpa is rejected by torchtitan's builder; build with flex, then swap below.
         attn_backend="flex",
@@ -73,19 +73,26 @@ def qwen3_model_config(arch: Arch, *, attention: str):
     return config
 
 
-def qwen3_model_spec(arch: Arch, *, flavor: str, attention: str, force_sum_reductions: bool):
+def qwen3_model_spec(arch: Arch, *, flavor: str, attention: str, force_sum_reductions: bool, lora=None):
+    """torchtitan's model spec; `lora` (a `peft=lora` section): LoRA adapters on a frozen base
+    (`qwen3exp.titan.lora`; q, k and v built as separate projections, as PEFT names them)."""
     from torchtitan.components.optimizer import register_moe_load_balancing_hook  # lazy: torchtitan in the ranks
     from torchtitan.distributed.pipeline_parallel import pipeline_llm  # lazy: the same
     from torchtitan.models.qwen3 import parallelize_qwen3  # lazy: the same
     from torchtitan.protocols.model_spec import ModelSpec  # lazy: the same
 
+    model = qwen3_model_config(arch, attention=attention, fuse_qkv=lora is None)
+    if lora is not None:
+        from qwen3exp.titan import lora as adapters  # lazy: imports torchtitan
+
+        model = adapters.convert(model, lora)
     parallelize = parallelize_qwen3
     if force_sum_reductions:
         parallelize = with_sum_reductions(parallelize_qwen3)
     return ModelSpec(
         name="qwen3",
         flavor=flavor,
-        model=qwen3_model_config(arch, attention=attention),
+        model=model,
         parallelize_fn=parallelize,
         pipelining_fn=pipeline_llm,
         post_optimizer_build_fn=register_moe_load_balancing_hook,

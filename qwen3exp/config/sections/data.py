@@ -13,6 +13,9 @@ from qwen3exp.config.sections.base import PosInt, Strict, tagged
 class BundledData(Strict):
     source: Literal["bundled"] = "bundled"
     """The small corpus shipped with qwen3exp (CPython standard-library docstrings)."""
+    eos: str | None = None
+    """The token that ends each document (the separator between packed documents). null: the model's
+    end-of-text token (`<|endoftext|>` when the tokenizer has it, else its eos_token)."""
 
 
 class LocalData(Strict):
@@ -21,6 +24,9 @@ class LocalData(Strict):
     """A .jsonl file (one {"text": ...} per line), a .txt file (one document per blank-line
     separated paragraph), or a folder of such files."""
     text_field: str = "text"
+    eos: str | None = None
+    """The token that ends each document (the separator between packed documents). null: the model's
+    end-of-text token (`<|endoftext|>` when the tokenizer has it, else its eos_token)."""
 
 
 class HFData(Strict):
@@ -41,6 +47,9 @@ class HFData(Strict):
     """The column that holds each document's text."""
     streaming: bool = False
     """Read the files as a stream (no arrow copy in the datasets cache first)."""
+    eos: str | None = None
+    """The token that ends each document (the separator between packed documents). null: the model's
+    end-of-text token (`<|endoftext|>` when the tokenizer has it, else its eos_token)."""
 
     @model_validator(mode="after")
     def _one_source(self) -> HFData:

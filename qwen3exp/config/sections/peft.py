@@ -1,0 +1,48 @@
+"""The `peft` section: train the whole model (`none`) or LoRA adapters on a frozen base (`lora`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from qwen3exp.config.sections.base import PosInt, Strict, tagged
+
+LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class NoPeft(Strict):
+    """Every weight is trained."""
+
+    kind: Literal["none"] = "none"
+
+
+class Lora(Strict):
+    """LoRA: the base weights are frozen; each targeted projection W (out x in) gets trainable
+    A (rank x in) and B (out x rank), B starting at zero, and computes W x + alpha / rank * B A x."""
+
+    kind: Literal["lora"] = "lora"
+    rank: PosInt = 8
+    """The adapters' rank r."""
+    alpha: Annotated[float, Field(gt=0)] = 16.0
+    """Scaling: the adapter's output is multiplied by alpha / rank."""
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """Dropout on the adapters' input (PEFT's lora_dropout)."""
+    targets: Annotated[list[LoraTarget], Field(min_length=1)] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    """The projections that get adapters, named as PEFT names them."""
+
+    @model_validator(mode="after")
+    def _k_with_v(self) -> Lora:
+        if ("k_proj" in self.targets) != ("v_proj" in self.targets):
+            raise ValueError(
+                tagged(
+                    "targets",
+                    self.targets,
+                    "k_proj and v_proj get adapters together (torchtitan builds both from one config)",
+                    "both k_proj and v_proj, or neither",
+                )
+            )
+        return self
+
+
+Peft = Annotated[NoPeft | Lora, Field(discriminator="kind")]

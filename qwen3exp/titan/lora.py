@@ -1,0 +1,142 @@
+"""LoRA on the native Qwen3 model with torchtitan 0.3.0's own converter (`torchtitan.components.lora`).
+
+The converter rewrites the model config tree before the model is built: each targeted `Linear`
+becomes a `LoRALinear` (base weight frozen, trainable `lora_a` (rank x in) and `lora_b`
+(out x rank, zeros), output `W x + alpha / rank * B A x`), and every other module's own parameters
+are frozen at build time, so the optimizer and FSDP's gradients hold only the adapters.
+
+PEFT's target names map to torchtitan's Qwen3 modules (the keys of torchtitan's
+`Qwen3StateDictAdapter`): q_proj -> attention.qkv_linear.wq, k_proj and v_proj ->
+attention.qkv_linear.wk / wv (both built from one config, `wkv`: they get adapters together),
+o_proj -> attention.wo, gate_proj -> feed_forward.w1, down_proj -> feed_forward.w2,
+up_proj -> feed_forward.w3. The model is built with separate q/k/v projections (no fused `wqkv`),
+so each adapter is PEFT's own.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from functools import cache
+from pathlib import Path
+
+from qwen3exp.config.sections.peft import Lora
+from qwen3exp.titan import hf_export
+
+TITAN_NAMES = {
+    "q_proj": "wq",
+    "k_proj": "wkv",
+    "v_proj": "wkv",
+    "o_proj": "wo",
+    "gate_proj": "w1",
+    "down_proj": "w2",
+    "up_proj": "w3",
+}
+"""PEFT's target name -> the last segment of torchtitan's config FQN that the converter matches."""
+
+
+def convert(model_config, peft: Lora):
+    """The model config with LoRA adapters on `peft.targets` and everything else frozen."""
+    targets = sorted({TITAN_NAMES[t] for t in peft.targets})
+    config = _converter_cls().Config(rank=peft.rank, alpha=peft.alpha, target_modules=targets, dropout=peft.dropout)
+    return config.build().convert(model_config)
+
+
+@cache
+def _converter_cls():
+    """torchtitan's LoRAConverter whose adapters also apply `dropout` to their input, as PEFT's
+    `lora_dropout` does (torchtitan 0.3.0's LoRALinear has no dropout)."""
+    from torchtitan.components.lora import LoRAConverter, _get_lora_cls  # lazy: torchtitan in the ranks only
+
+    class DropoutLoRAConverter(LoRAConverter):
+        @dataclass(kw_only=True, slots=True)
+        class Config(LoRAConverter.Config):
+            dropout: float = 0.0
+            """PEFT's lora_dropout."""
+
+        def _make_lora_config(self, cfg):
+            base = super()._make_lora_config(cfg)
+            if self.config.dropout == 0.0:
+                return base
+            owner = _dropout_cls(_get_lora_cls(cfg._owner))
+            kept = {f.name: getattr(base, f.name) for f in fields(base) if f.init}
+            return owner.Config(**kept, dropout=self.config.dropout)
+
+    return DropoutLoRAConverter
+
+
+@cache
+def _dropout_cls(lora_cls):
+    """A LoRALinear subclass with dropout on the adapters' input (functional: no extra module)."""
+    import torch.nn.functional as F  # lazy: torch in the ranks only
+
+    class DropoutLoRALinear(lora_cls):  # type: ignore[valid-type, misc]
+        @dataclass(kw_only=True, slots=True)
+        class Config(lora_cls.Config):  # type: ignore[name-defined]
+            dropout: float = 0.0
+
+        def __init__(self, config) -> None:
+            super().__init__(config)
+            self._lora_dropout = config.dropout
+
+        def forward(self, input):
+            base_out = super(lora_cls, self).forward(input)
+            x = F.dropout(input, p=self._lora_dropout, training=self.training)
+            return base_out + self._lora_scaling * self.lora_b(self.lora_a(x))
+
+    DropoutLoRALinear.__name__ = DropoutLoRALinear.__qualname__ = f"Dropout{lora_cls.__name__}"
+    return DropoutLoRALinear
+
+
+def checkpoint_manager_cls():
+    """qwen3exp's checkpoint manager that, after the last-step HF export, writes the adapters as a
+    PEFT folder (`<export>/adapter/`: adapter_config.json, adapter_model.safetensors)."""
+    return _manager_cls()
+
+
+@cache
+def _manager_cls():
+    from qwen3exp.titan.checkpointing import KeepLatestCheckpointManager  # lazy: imports torchtitan
+
+    class AdapterCheckpointManager(KeepLatestCheckpointManager):
+        @dataclass(kw_only=True, slots=True)
+        class Config(KeepLatestCheckpointManager.Config):
+            adapter: str = "{}"
+            """adapter_config.json's keys (JSON), less base_model_name_or_path (the export folder)."""
+
+        def __init__(self, config, **kwargs) -> None:
+            super().__init__(config, **kwargs)
+            self._adapter = json.loads(config.adapter)
+
+        def _save(self, curr_step: int, last_step: bool = False) -> bool:
+            saved = super()._save(curr_step, last_step)
+            if saved and last_step and self.last_save_in_hf:
+                folder = Path(self._create_checkpoint_id(curr_step)).resolve()
+                save_adapter(self.states["model"].state_dict(), folder, self._adapter, self.export_dtype)
+            return saved
+
+    return AdapterCheckpointManager
+
+
+def adapter_json(peft: Lora) -> str:
+    return json.dumps({"rank": peft.rank, "alpha": peft.alpha, "dropout": peft.dropout, "targets": peft.targets})
+
+
+def save_adapter(state_dict: dict, folder: Path, adapter: dict, dtype) -> None:
+    """Gather every LoRA weight (all ranks, in one order) and let rank 0 write the PEFT folder."""
+    import torch.distributed as dist  # lazy: torch in the ranks only
+    from safetensors.torch import save_file  # lazy: the same
+    from torch.distributed.tensor import DTensor  # lazy: the same
+
+    tensors = {}
+    for fqn in sorted(k for k in state_dict if ".lora_a." in k or ".lora_b." in k):
+        value = state_dict[fqn]
+        full = value.full_tensor() if isinstance(value, DTensor) else value
+        tensors[hf_export.peft_key(fqn)] = full.detach().to(dtype).cpu().contiguous()
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return
+    out = folder / hf_export.ADAPTER_FOLDER
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+    config = hf_export.adapter_config(**adapter, base=str(folder))
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
