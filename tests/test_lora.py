@@ -51,8 +51,8 @@ def test_plan_trainable_parameters_and_memory():
     lora = _plan("experiment=tiny_lora", "peft.rank=4", f"peft.targets=[{','.join(ALL)}]")
     a = lora.arch
     cfg = {
-        "hidden_size": a.dim, "intermediate_size": a.hidden_dim, "head_dim": a.head_dim, "num_hidden_layers": a.n_layers,
-        "num_attention_heads": a.n_heads, "num_key_value_heads": a.n_kv_heads,
+        "hidden_size": a.dim, "intermediate_size": a.hidden_dim, "head_dim": a.head_dim,
+        "num_hidden_layers": a.n_layers, "num_attention_heads": a.n_heads, "num_key_value_heads": a.n_kv_heads,
     }  # fmt: skip
     assert lora.parameters.trainable == expected_trainable(cfg, 4, ALL)
     assert full.parameters.trainable is None
@@ -138,3 +138,31 @@ def test_tiny_lora_trains_adapters_only_and_peft_loads_them(tmp_path):
     assert abs(loss - vals[-1]["val_loss"]) < 1e-4, (loss, vals[-1]["val_loss"])
     out = model.generate(input_ids=torch.tensor([inputs[0][:8]]), max_new_tokens=4, do_sample=False)
     assert out.shape == (1, 12)
+
+
+def test_adapters_compute_base_plus_scaled_lora_with_dropout_in_training_only():
+    """The converted model (no training): every base weight frozen, the adapters trainable; a
+    targeted projection computes W x + alpha / rank * B A x in eval mode, and peft.dropout drops
+    adapter inputs in train mode only."""
+    import torch
+
+    from qwen3exp.titan import lora
+    from qwen3exp.titan.job_config import resolve_arch
+    from qwen3exp.titan.model import qwen3_model_config
+
+    exp = validate_experiment(compose("experiment=tiny_lora", "peft.dropout=0.5", "peft.alpha=8", "peft.rank=4"))
+    config = lora.convert(qwen3_model_config(resolve_arch(exp), attention="sdpa", fuse_qkv=False), exp.peft)
+    torch.manual_seed(0)
+    model = config.build()
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all(".lora_a." in n or ".lora_b." in n for n in trainable)
+    assert len(trainable) == 2 * 4 * exp.model.arch().n_layers  # q, k, v, o: A and B each
+    wq = model.layers["0"].attention.qkv_linear.wq
+    for p in wq.parameters():
+        torch.nn.init.normal_(p)
+    x = torch.randn(2, 3, wq.weight.shape[1])
+    wq.eval()
+    want = x @ wq.weight.T + 2.0 * (x @ wq.lora_a.weight.T) @ wq.lora_b.weight.T
+    assert torch.allclose(wq(x), want, atol=1e-4) and torch.equal(wq(x), wq(x))
+    wq.train()
+    assert not torch.equal(wq(x), wq(x))

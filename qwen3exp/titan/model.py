@@ -89,6 +89,8 @@ def qwen3_model_spec(arch: Arch, *, flavor: str, attention: str, force_sum_reduc
     parallelize = parallelize_qwen3
     if force_sum_reductions:
         parallelize = with_sum_reductions(parallelize_qwen3)
+    if lora is not None:
+        parallelize = adapters.keep_base_frozen(parallelize)
     return ModelSpec(
         name="qwen3",
         flavor=flavor,
