@@ -204,7 +204,14 @@ def test_data_check_is_bounded(tmp_path, monkeypatch):
 
 
 # ===================================================================== non-finite numbers
-_UNION_TAGS = {"model": "backend", "checkpoint": "kind", "platform": "name", "data": "source", "launcher": "kind"}
+_UNION_TAGS = {
+    "model": "backend",
+    "checkpoint": "kind",
+    "platform": "name",
+    "data": "source",
+    "launcher": "kind",
+    "peft": "kind",
+}
 
 
 def _float_fields() -> list[tuple[str, dict]]:

@@ -144,6 +144,9 @@ def test_a_signal_while_planning_leaves_nothing(fresh, monkeypatch, capfd, how):
         raise AssertionError("the signal's handler raises before this line")
 
     monkeypatch.setattr(points, "make_plan", interrupted)
+    # As an interactive shell starts it: a launch under nohup or `&` inherits SIGHUP/SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     code = _main("training.steps=2", "hydra.run.dir=outputs/run")
     err = capfd.readouterr().err
     assert code == (130 if how == "SIGINT" else 143), err
