@@ -54,21 +54,31 @@ def hf_problems(data, training=None, validation=None) -> list[Problem]:
     src, problems = resolve(data)
     if src is None:
         return problems
-    heads: list[Head] = []
-    for i, f in enumerate(src.files[:MAX_FILES]):
-        try:
-            head, problem = _read(Path(f), src.builder, data.text_field, first=i == 0)
-        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
-            head, problem = None, f"cannot be read ({e})"
-        if isinstance(problem, Problem):
-            return [problem]
-        if problem is not None:
-            return [Problem(src.key, src.value, f"{Path(f).name}: {problem}", f"{src.builder} files of text records")]
-        if head is not None:
-            heads.append(head)
+    heads, problem = read_heads(src, data.text_field)
+    if problem is not None:
+        return [problem]
     problems += _token_problems(src, heads, training)
     problems += _split_problems(src, data, heads, validation)
     return problems
+
+
+def read_heads(src, field: str) -> tuple[list[Head], Problem | None]:
+    """The first rows of the dataset's first MAX_FILES files, or the first file's problem."""
+    heads: list[Head] = []
+    for i, f in enumerate(src.files[:MAX_FILES]):
+        try:
+            head, problem = _read(Path(f), src.builder, field, first=i == 0)
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            head, problem = None, f"cannot be read ({e})"
+        if isinstance(problem, Problem):
+            return heads, problem
+        if problem is not None:
+            return heads, Problem(
+                src.key, src.value, f"{Path(f).name}: {problem}", f"{src.builder} files of text records"
+            )
+        if head is not None:
+            heads.append(head)
+    return heads, None
 
 
 def _read(path: Path, builder: str, field: str, *, first: bool) -> tuple[Head | None, str | Problem | None]:
