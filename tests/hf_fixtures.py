@@ -198,6 +198,25 @@ def hf_losses(*jobs: tuple[Path, list[tuple], str | None]) -> list[float]:
     """`hf_loss` of each (folder, batches, experts_dtype), all in one fresh process (one start of
     Python, torch and transformers instead of one per loss). The jobs without `experts_dtype` run
     first: `experts_in` patches transformers for the rest of the process."""
+    order = sorted(range(len(jobs)), key=lambda i: jobs[i][2] is not None)  # stable: unpatched first
+    values = in_fresh_process("hf_losses_here", [(str(jobs[i][0]), jobs[i][1], jobs[i][2]) for i in order])
+    assert len(values) == len(jobs), values
+    out = [0.0] * len(jobs)
+    for i, value in zip(order, values, strict=True):
+        out[i] = value
+    return out
+
+
+def hf_losses_here(jobs: list[tuple]) -> list[float]:
+    return [hf_loss_here(f, b, experts_dtype=d) for f, b, d in jobs]
+
+
+def in_fresh_process(name: str, *args):
+    """`<name>(*args)` of this module in a fresh Python process, its JSON result returned. Every
+    transformers reference runs this way: once torchtitan's transformers backend has built a model in
+    a process, it has replaced `PreTrainedModel._init_weights` process-wide (see
+    qwen3exp/titan/hf_model.py) and `from_pretrained` there leaves the rotary buffers wrong, so an
+    earlier in-process test would silently change the reference."""
     import os
     import subprocess
     import sys
@@ -206,23 +225,42 @@ def hf_losses(*jobs: tuple[Path, list[tuple], str | None]) -> list[float]:
     import torch
 
     here = Path(__file__).resolve().parent
-    order = sorted(range(len(jobs)), key=lambda i: jobs[i][2] is not None)  # stable: unpatched first
     with tempfile.TemporaryDirectory() as tmp:
-        saved = Path(tmp) / "jobs.pt"
-        torch.save([(str(jobs[i][0]), jobs[i][1], jobs[i][2]) for i in order], saved)
+        saved = Path(tmp) / "args.pt"
+        torch.save(list(args), saved)
         code = (
-            f"import json, sys, torch; sys.path.insert(0, {str(here)!r}); from hf_fixtures import hf_loss_here; "
-            f"print(json.dumps([hf_loss_here(f, b, experts_dtype=d) for f, b, d in torch.load({str(saved)!r})]))"
+            f"import json, sys, torch; sys.path.insert(0, {str(here)!r}); import hf_fixtures; "
+            f"print(json.dumps(hf_fixtures.{name}(*torch.load({str(saved)!r}))))"
         )
         env = dict(os.environ, PYTHONPATH=str(here.parent), HF_HUB_OFFLINE="1")
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-        assert r.returncode == 0, r.stderr[-3000:]
-        values = json.loads(r.stdout.strip().splitlines()[-1])
-    assert len(values) == len(jobs), r.stdout[-3000:]
-    out = [0.0] * len(jobs)
-    for i, value in zip(order, values, strict=True):
-        out[i] = value
-    return out
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def masked_loss(folder: Path, inputs: list[list[int]], labels: list[list[int]], adapter: Path | None = None) -> dict:
+    """transformers' mean loss over the tokens whose label is not -100 (sum / count), with the PEFT
+    adapter folder on top when given, and the shape `generate` returns for 4 new tokens after the
+    first row's first 8 tokens; in a fresh process (`in_fresh_process`)."""
+    return in_fresh_process("masked_loss_here", str(folder), inputs, labels, adapter and str(adapter))
+
+
+def masked_loss_here(folder: str, inputs, labels, adapter: str | None) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter)
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor(inputs)).logits
+        out = model.generate(input_ids=torch.tensor([inputs[0][:8]]), max_new_tokens=4, do_sample=False)
+    y = torch.tensor(labels)
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum")
+    return {"loss": (loss / (y != -100).sum()).item(), "generated": list(out.shape)}
 
 
 def experts_in(dtype) -> None:
