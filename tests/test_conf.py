@@ -20,6 +20,7 @@ REQUIRED: dict[str, list[str]] = {
     "data/hf": [f"data.files={CORPUS_DIR / 'train.jsonl'}"],
     "checkpoint/hf_load": ["model.flavor=auto", "model.hf_assets_path={hf_checkpoint}"],
     "checkpoint/hf_roundtrip": ["model.flavor=auto", "model.hf_assets_path={hf_checkpoint}"],
+    "checkpoint/hf_finetune": ["model.flavor=auto", "model.hf_assets_path={hf_checkpoint}"],
     "kernels/nki_moe": ["model.flavor=tiny_moe"],  # replaces MoE experts: an MoE model is required
     # No Trainium or GPU here: a real launch would (rightly) stop at the device preflight, exit 2;
     # a dry run plans with the platform's table values and still converts.

@@ -1,6 +1,8 @@
-"""checkpoint=dcp: a run stopped by Ctrl-C after a checkpoint and rerun in the same run directory
-with the command its last line names reproduces the remaining steps' losses exactly (compared with
-an uninterrupted run of the same experiment, which also checks that keep_latest_k keeps exactly k);
+"""checkpoint.save=true: a LoRA fine-tune of a Hugging Face folder (checkpoint=hf_finetune: load,
+dcp saves and an export in one run) stopped by Ctrl-C after a checkpoint and rerun in the same run
+directory with the command its last line names resumes from its dcp step, not from the published
+weights, reproduces the remaining steps' losses exactly (compared with an uninterrupted run of the
+same experiment, which also checks that keep_latest_k keeps exactly k) and exports at the end;
 a rerun of a different experiment into that directory is refused before anything starts."""
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, compose, read_metrics, read_summary, run_cli
+from hf_fixtures import write_checkpoint
 from qwen3exp.config.schema import validate_experiment
 from qwen3exp.run import rundir
 from runprocs import kill_leftovers, launch_seconds
@@ -36,12 +39,24 @@ ARGS = (
 )
 
 
-def _interrupt_after_first_checkpoint(run_dir: Path, log: Path, timeout: float = 300) -> int:
+def _finetune(ckpt: Path) -> tuple[str, ...]:
+    """ARGS as a LoRA fine-tune of the Hugging Face folder `ckpt` that also exports at the end."""
+    return (
+        *ARGS,
+        "checkpoint=hf_finetune",
+        "checkpoint.dtype=float32",
+        "peft=lora",
+        "model.flavor=auto",
+        f"model.hf_assets_path={ckpt}",
+    )
+
+
+def _interrupt_after_first_checkpoint(args: tuple[str, ...], run_dir: Path, log: Path, timeout: float = 300) -> int:
     """Start the run, Ctrl-C (SIGINT) the launcher once checkpoint step-2 is complete; returns its
     exit code (its output is in `log`)."""
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "qwen3exp", *ARGS, f"hydra.run.dir={run_dir}"],
+            [sys.executable, "-m", "qwen3exp", *args, f"hydra.run.dir={run_dir}"],
             cwd=REPO,
             env=_env(),
             stdout=out,
@@ -75,7 +90,9 @@ def test_killed_run_resumes_exactly(tmp_path):
     # depends on timing: the Ctrl-C waits for checkpoint step-2 on disk, the losses are bit-exact).
     # It saves every step and keeps 2: torchtitan's last-step save alone kept 3 (issue 22).
     reference, log = tmp_path / "uninterrupted", tmp_path / "uninterrupted.log"
-    keep = [a for a in ARGS if not a.startswith(("checkpoint.interval=", "checkpoint.keep_latest_k="))]
+    ckpt = write_checkpoint(tmp_path / "ckpt", tied=True, seed=3)
+    args = _finetune(ckpt)
+    keep = [a for a in args if not a.startswith(("checkpoint.interval=", "checkpoint.keep_latest_k="))]
     with log.open("w") as out:
         ref = subprocess.Popen(
             [
@@ -94,7 +111,7 @@ def test_killed_run_resumes_exactly(tmp_path):
         )
     try:
         run_dir, stopped_log = tmp_path / "killed", tmp_path / "killed.log"
-        killed_code = _interrupt_after_first_checkpoint(run_dir, stopped_log)
+        killed_code = _interrupt_after_first_checkpoint(args, run_dir, stopped_log)
         ref.wait(timeout=600)
     finally:
         if ref.poll() is None:  # a failure above: leave no process of the reference behind
@@ -113,7 +130,8 @@ def test_killed_run_resumes_exactly(tmp_path):
     saved = _checkpoints(run_dir)
     assert saved and saved[-1] < STEPS, f"the Ctrl-C came too late to test a resume: {saved}"
     resume = _stopped_quietly(stopped_log.read_text(), run_dir, saved[-1], read_metrics(run_dir)[-1])
-    assert resume == [sys.executable, "-m", "qwen3exp", *ARGS, f"hydra.run.dir={run_dir}"]
+    assert resume == [sys.executable, "-m", "qwen3exp", *args, f"hydra.run.dir={run_dir}"]
+    assert not (run_dir / rundir.EXPORT).exists()  # exported at the end only
 
     started = time.monotonic()
     r = subprocess.run(resume, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
@@ -126,7 +144,10 @@ def test_killed_run_resumes_exactly(tmp_path):
     resumed = {row["step"]: row["loss"] for row in rows if row["step"] > saved[-1]}
     assert resumed == {step: expected[step] for step in resumed}  # bit-exact
     assert s["step1_loss"] == expected[1]
-    assert s["weights_loaded"] is False and s["weights_source"] is None  # random init, no HF weights
+    # Step 1 came from the published weights; the resume loaded its own dcp step instead.
+    assert killed["weights_loaded"] is True and killed["weights_source"] == str(ckpt)
+    assert f"resuming from checkpoint step {saved[-1]} (not from checkpoint.load=hf)" in r.stdout, r.stdout
+    assert s["export"]["ok"] and (run_dir / rundir.EXPORT / f"step-{STEPS}" / "adapter").is_dir(), s["export"]
     # The resume shows only its own steps, and no warning (torchtitan's lr scheduler warned on every resume).
     shown = [int(m[1]) for m in re.finditer(r"^qwen3exp: step (\d+)/", r.stdout, re.MULTILINE)]
     assert shown == list(range(saved[-1] + 1, STEPS + 1)), r.stdout

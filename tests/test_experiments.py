@@ -162,7 +162,8 @@ def test_trn2_hf_loads_and_exports_hugging_face_weights(tmp_path):
     assert prep.files.weights == standins()["4b"]
     config = to_torchtitan(exp, prep.facts, tmp_path)
     assert config.checkpoint.initial_load_in_hf and config.checkpoint.initial_load_path == str(standins()["4b"])
-    assert config.checkpoint.last_save_in_hf and config.checkpoint.export_dtype == "bfloat16"
+    assert config.checkpoint.export_root == str(tmp_path.resolve() / "export")
+    assert config.checkpoint.export_dtype == "bfloat16" and not config.checkpoint.keep_dcp
 
 
 def _structure(name: str, platform: str) -> dict:
@@ -175,8 +176,8 @@ def _structure(name: str, platform: str) -> dict:
         "kernels": exp.kernels.model_dump(),
         # Loading published weights is the one difference no hardware forces: no tiny published
         # checkpoint exists (tests/test_hf_checkpoints.py loads tiny checkpoints it writes itself).
-        "checkpoint.exports": exp.checkpoint.kind in ("hf_export", "hf_roundtrip"),
-        "checkpoint.dcp": exp.checkpoint.kind == "dcp",
+        "checkpoint.exports": exp.checkpoint.exports,
+        "checkpoint.dcp": exp.checkpoint.save,
         "parallelism": {k: v for k, v in exp.parallelism.model_dump().items() if k not in ("dp_shard", "dp_replicate")},
         "training.compile": exp.training.compile,
     }
@@ -236,7 +237,7 @@ def test_cpu_twin_trains_here(twin, twin_runs):
     losses = [row["loss"] for row in read_metrics(run_dir)]
     assert len(losses) == 3 and all(loss > 0 for loss in losses)
     exp, prep = plan(twin)
-    if exp.checkpoint.kind in ("hf_export", "hf_roundtrip"):  # the twin of an export checks it too
+    if exp.checkpoint.exports:  # the twin of an export checks it too
         assert summary["export"]["ok"] and summary["export"]["unexpected_keys"] == []
     # the overrides really applied at run time (torchtitan's own log lines), one per layer
     assert {o["key"]: o["applied"] for o in summary["overrides"]} == {o["key"]: len(o["nodes"]) for o in prep.overrides}

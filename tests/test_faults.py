@@ -84,7 +84,7 @@ def _stopped_quietly(out: str, how: str, summary: dict, run_dir: Path) -> None:
     step, loss = summary["steps_completed"], summary["last_loss"]
     assert lines[-1] == (
         f"qwen3exp: interrupted by {how} after step {step}/400 (loss {loss:.4f}); "
-        "nothing is saved (checkpoint=none keeps no checkpoints); to start again: "
+        "nothing resumable is saved (checkpoint.save=false); to start again: "
         + shlex.join([sys.executable, "-m", "qwen3exp", *LONG])
     ), lines[-1]  # a new directory: none is reused
     assert sum(line.startswith("qwen3exp: interrupted") for line in lines) == 1

@@ -78,14 +78,15 @@ def test_tiny_lora_trains_adapters_only_and_peft_loads_them(tmp_path):
     run_dir = tmp_path / "run"
     r = run_cli(
         "experiment=tiny_lora", "model.flavor=auto", f"model.hf_assets_path={ckpt}", "checkpoint=hf_roundtrip",
-        "checkpoint.dtype=float32", f"peft.targets=[{','.join(ALL)}]", "platform=cpu", "platform.threads_per_rank=1",
+        "checkpoint.dtype=float32", "checkpoint.merge_lora=true", f"peft.targets=[{','.join(ALL)}]", "platform=cpu",
+        "platform.threads_per_rank=1",
         "training.steps=8", "training.warmup_steps=1", "training.local_batch_size=4", "validation.freq=100",
         "validation.steps=1", "metrics.tensorboard=false", f"hydra.run.dir={run_dir}",
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = read_summary(run_dir)
     assert summary["world_size"] == 2 and summary["export"]["ok"], summary["export"]
-    export = run_dir / "checkpoint" / "step-8"
+    export = run_dir / "export" / "step-8"
     adapter = export / "adapter"
 
     # The trainable count: the plan's, the rank's (the adapter weights it wrote) and rank x (in + out).
@@ -129,6 +130,10 @@ def test_tiny_lora_trains_adapters_only_and_peft_loads_them(tmp_path):
     ref = masked_loss(export, inputs, labels, adapter=adapter)
     assert abs(ref["loss"] - vals[-1]["val_loss"]) < 1e-4, (ref, vals[-1]["val_loss"])
     assert ref["generated"] == [1, 12]
+    # The merged export (checkpoint.merge_lora) in plain transformers: the same loss, and generate runs.
+    assert summary["export"]["merged"]["ok"], summary["export"]
+    merged = masked_loss(export / "merged", inputs, labels)
+    assert abs(merged["loss"] - ref["loss"]) < 1e-4 and merged["generated"] == [1, 12], (merged, ref)
 
 
 def test_adapters_compute_base_plus_scaled_lora_with_dropout_in_training_only():

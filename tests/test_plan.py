@@ -416,7 +416,7 @@ def test_dry_run_prints_the_plan_without_torch(tmp_path):
         "!!! WARNING: DOES NOT FIT",
         "tokens:     4,096 per step, 2,048 per rank per step",
         "overrides:  none",
-        "checkpoint: checkpoint=none: nothing is loaded",
+        "checkpoint: load=none save=none export=none: nothing is loaded (random",
         "-m qwen3exp.run.agent --nnodes 1 --nproc-per-node 2",
     ):
         assert text in out, out

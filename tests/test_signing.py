@@ -69,7 +69,7 @@ def test_a_planted_checkpoint_beside_a_copied_experiment_is_never_loaded(tmp_pat
     (step / ".metadata").write_bytes(pickle.dumps(_Planted(str(marker))))
     r = run_cli(*overrides, f"hydra.run.dir={run}", env={signing.KEY_ENV: str(own_key)}, timeout=300)
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "  checkpoint = 'dcp': checkpoint=dcp would resume from" in r.stderr
+    assert "  checkpoint = 'load=none save=dcp export=none': checkpoint.save=true would resume from" in r.stderr
     assert "step-1 carries no qwen3exp signature" in r.stderr and "Traceback" not in r.stderr
     assert not marker.exists()
 

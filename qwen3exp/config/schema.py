@@ -19,7 +19,7 @@ from pydantic_core import PydanticUndefined
 
 from qwen3exp.config.rules import cross_field_problems, rule_problems
 from qwen3exp.config.sections.base import Strict
-from qwen3exp.config.sections.checkpoint import Checkpoint, NoCheckpoint
+from qwen3exp.config.sections.checkpoint import Checkpoint
 from qwen3exp.config.sections.data import BundledData, Data, Validation
 from qwen3exp.config.sections.kernels import Kernels
 from qwen3exp.config.sections.launcher import Launcher, LocalLauncher
@@ -46,7 +46,7 @@ class Experiment(Strict):
     training: Training = Training()
     parallelism: Parallelism = Parallelism()
     kernels: Kernels = Kernels()
-    checkpoint: Checkpoint = NoCheckpoint()
+    checkpoint: Checkpoint = Checkpoint()
     platform: Platform = AutoPlatform()
     data: Data = BundledData()
     peft: Peft = NoPeft()

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from qwen3exp.config.schema import Experiment
 from qwen3exp.errors import Problem
-from qwen3exp.launchers import outcome, prelaunch
+from qwen3exp.launchers import exports, outcome, prelaunch
 from qwen3exp.launchers.outcome import experiment_hash, node_file
 from qwen3exp.launchers.protocol import Submission, may_join
 from qwen3exp.launchers.torchrun import Interrupted, StopSignals, run_torchrun
@@ -41,8 +41,8 @@ from qwen3exp.titan import job_config, refusal
 
 
 def _time_limit_deadline(exp: Experiment) -> float | None:
-    """A run with checkpoint=dcp under a scheduler's time limit: when the ranks are to checkpoint and stop."""
-    if exp.checkpoint.kind != "dcp":
+    """A run with checkpoint.save=true under a scheduler's time limit: when the ranks are to checkpoint and stop."""
+    if not exp.checkpoint.resumable:
         return None
     return placement.nodes_of(exp.launcher).time_limit_deadline(exp, os.environ)
 
@@ -123,7 +123,7 @@ def _finish(
     status, exit_code, error = ended
     export = None
     if status == "completed" and exp.checkpoint.exports:
-        export = outcome.finish_export(plan, run_dir)
+        export = exports.finish_export(plan, run_dir)
         if not export["ok"]:
             status, exit_code, error = "failed", 1, f"the Hugging Face export does not verify: {export['error']}"
     wall = time.monotonic() - start

@@ -1,6 +1,7 @@
 """How a launch ends (`qwen3exp.launchers.local.launch`): the status of the torchrun run, the
-Hugging Face export completed and verified, `summary.json`, and the last line the person watching sees.
+`summary.json`, and the last line the person watching sees.
 
+- The Hugging Face exports are completed and verified by `qwen3exp.launchers.exports`.
 - The root cause of a failure is the ranks' own (`qwen3exp.run.diagnosis.root_cause`); when the run
   directory's disk is full, the error says so first.
 - `summary.json` is written atomically, also on a disk the ranks filled: the launcher holds room
@@ -17,19 +18,15 @@ import os
 import shlex
 import signal
 import sys
-import time
 from pathlib import Path
 
 from qwen3exp.config.argv import quote_value
 from qwen3exp.config.schema import Experiment
-from qwen3exp.config.sections.checkpoint import HFExport, HFRoundtrip
 from qwen3exp.launchers import sweep
-from qwen3exp.plan import model_files
 from qwen3exp.plan.build import Plan
 from qwen3exp.plan.nodes import Placement
 from qwen3exp.plan.placement import nodes_of
 from qwen3exp.run import console, diagnosis, identity, metrics_file, objective, provenance, redact, rundir, timelimit
-from qwen3exp.titan import hf_export
 from qwen3exp.titan.overrides import merge_applied
 
 EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -104,30 +101,6 @@ def full_disk(run_dir: Path, error: str) -> str | None:
     return f"the disk that holds {run_dir} is full ({room})"
 
 
-def finish_export(plan: Plan, run_dir: Path) -> dict:
-    """Complete torchtitan's HF export into a from_pretrained folder and verify it, each shown as a
-    phase (on a 0.6B model they take as long as the training)."""
-    exp, files = plan.exp, plan.files
-    folder = hf_export.export_folder(run_dir, exp.training.steps)
-    if not isinstance(exp.checkpoint, HFExport | HFRoundtrip):
-        raise AssertionError(f"checkpoint={exp.checkpoint.kind} exports nothing")
-    if not folder.is_dir():
-        return {"path": str(folder), "ok": False, "error": "torchtitan wrote no export folder"}
-    source = model_files.hf_model_folder(exp)[1] if exp.model.backend == "hf" else files.folder
-    log = console.logger("qwen3exp.launch")
-    log.info("qwen3exp: completing the Hugging Face export (config, tokenizer, shards)", extra=console.LIVE)
-    begun = time.monotonic()
-    hf_export.complete(folder, arch=files.arch, assets=files.folder, config_source=source, dtype=exp.checkpoint.dtype)
-    completed = time.monotonic()
-    log.info("qwen3exp: verifying the export (loading it with transformers)", extra=console.LIVE)
-    result = hf_export.verify(folder, tied=files.arch.tied)
-    return {
-        **result,
-        "complete_seconds": round(completed - begun, 3),
-        "verify_seconds": round(time.monotonic() - completed, 3),
-    }
-
-
 class SummaryReserve:
     """Disk space held for the summary while the ranks run: a disk they fill (checkpoints, logs,
     another program) still gets its summary.json, written after this space is given back. Made
@@ -193,7 +166,7 @@ def summarize(
         "step1_loss": step1,
         "weights_loaded": weights is not None and step1 is not None,
         "weights_source": str(weights) if weights is not None else None,
-        "checkpoint": plan.exp.checkpoint.kind,
+        "checkpoint": plan.exp.checkpoint.summary,
         "resumed_from_step": resumed_from,
         "export": export,
         "experiment_hash": experiment_hash(plan.exp),
@@ -272,8 +245,7 @@ def stopped_line(
         kept = f"checkpoint step-{saved} is saved" if saved else "no checkpoint is saved yet"
         todo = "resume" if saved else "start again"
     else:
-        only_last = " saves only at the last step" if exp.checkpoint.exports else " keeps no checkpoints"
-        kept, todo = f"nothing is saved (checkpoint={exp.checkpoint.kind}{only_last})", "start again"
+        kept, todo = "nothing resumable is saved (checkpoint.save=false)", "start again"
     return f"qwen3exp: interrupted by {how} {done}; {kept}; to {todo}: " + rerun_command(
         origin, run_dir, same_dir=exp.checkpoint.resumable
     )

@@ -65,7 +65,7 @@ def _reset_metrics(exp: Experiment, run_dir: Path) -> int | None:
     """Node 0, before any rank starts: a fresh run starts an empty metrics.jsonl; a run resuming
     from a checkpoint keeps the rows up to that step (the later ones are trained again).
     Returns the step resumed from."""
-    step = rundir.latest_checkpoint_step(run_dir) if exp.checkpoint.kind == "dcp" else None
+    step = rundir.latest_checkpoint_step(run_dir) if exp.checkpoint.resumable else None
     if step is None:
         (run_dir / rundir.METRICS).unlink(missing_ok=True)
     else:
@@ -95,6 +95,11 @@ def prepare_run_dir(plan: Plan, run_dir: Path, origin: provenance.Origin | None)
         f"qwen3exp: {exp.name}: {plan.mesh.world_size} rank(s) on {facts.name} "
         f"({facts.reason}); {node}run directory {run_dir}"
         + (f"; resuming from checkpoint step {resumed_from}" if resumed_from is not None else "")
+        + (
+            f" (not from checkpoint.load={exp.checkpoint.load})"
+            if resumed_from is not None and exp.checkpoint.load != "none"
+            else ""
+        )
     )
     log.debug("%s", render.render(plan, title=f"the plan of {exp.name}:"))
     for w in plan.warnings:

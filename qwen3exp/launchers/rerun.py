@@ -29,7 +29,7 @@ def rerun_problem(exp: Experiment, run_dir: Path) -> Problem | None:
     if same:  # the same experiment, but it keeps no resumable checkpoint
         message = (
             f"holds {held} of this same experiment, which keeps no resumable checkpoint "
-            f"(checkpoint={exp.checkpoint.kind}), so there is nothing to continue; it is never overwritten"
+            f"(checkpoint.save=false), so there is nothing to continue; it is never overwritten"
         )
         hint = anew
     elif not recorded:

@@ -177,7 +177,7 @@ def _verdict_problems(exp: Experiment, verdict: CheckpointVerdict) -> list[Probl
     return [
         Problem(
             "checkpoint",
-            exp.checkpoint.kind,
+            exp.checkpoint.summary,
             verdict.detail,
             verdict.allowed or "a checkpoint of this architecture",
             verdict.hint,
@@ -246,8 +246,12 @@ def prepare(exp: Experiment, env: Mapping[str, str] | None = None, claims_of: Cl
 
 
 def _peft_problems(exp: Experiment, is_moe: bool) -> list[Problem]:
-    """peft=lora where it cannot apply yet: model=hf, and MLP targets of an MoE model (grouped experts)."""
+    """peft=lora where it cannot apply yet: model=hf, and MLP targets of an MoE model (grouped experts);
+    checkpoint.merge_lora without LoRA."""
     if exp.peft.kind != "lora":
+        if exp.checkpoint.merge_lora:
+            why = "merges LoRA adapters into the export, and peft=none trains none"
+            return [Problem("checkpoint.merge_lora", True, why, "false, or peft=lora", None)]
         return []
     if exp.model.backend != "native":
         return [Problem("peft", "lora", "LoRA runs on model=native only (so far)", "model=native", None)]

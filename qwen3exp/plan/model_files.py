@@ -35,7 +35,6 @@ from qwen3exp.config.flavors import FLAVORS, Arch
 from qwen3exp.config.hf_config import arch_from_hf_config, read_hf_config
 from qwen3exp.config.rules import arch_problems
 from qwen3exp.config.schema import Experiment
-from qwen3exp.config.sections.checkpoint import HFLoad, HFRoundtrip
 from qwen3exp.errors import ConfigError, Problem, nearby_path
 from qwen3exp.plan.model_arch import CONFIG_JSON, arch_and_source, hf_moe_problems, remote_code_problems
 from qwen3exp.plan.model_ref import ModelRef
@@ -97,10 +96,9 @@ def assets_folder(exp: Experiment) -> Path:
 
 
 def checkpoint_path(exp: Experiment) -> str | None:
-    """checkpoint.path of the kinds that load a Hugging Face folder (hf_load, hf_roundtrip; None: the
-    model's own folder), None for the others."""
+    """checkpoint.path when checkpoint.load=hf (None: the model's own folder), None otherwise."""
     c = exp.checkpoint
-    return c.path if isinstance(c, HFLoad | HFRoundtrip) else None
+    return c.path if c.loads_weights else None
 
 
 def weights_folder(exp: Experiment) -> Path | None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from qwen3exp.assets import TOKENIZER_DIR
 from qwen3exp.config.schema import Experiment
-from qwen3exp.config.sections.checkpoint import DcpCheckpoint, HFExport, HFLoad, HFRoundtrip, NoCheckpoint
+from qwen3exp.config.sections.checkpoint import Checkpoint
 from qwen3exp.config.sections.kernels import Kernels
 from qwen3exp.config.sections.model import HFModel, NativeModel
 from qwen3exp.config.sections.parallelism import Parallelism
@@ -38,7 +38,7 @@ class ModelSections:
     skipped (a bad seq_len or kernel choice is reported by its own section's validation)."""
 
     model: NativeModel | HFModel
-    checkpoint: NoCheckpoint | DcpCheckpoint | HFLoad | HFExport | HFRoundtrip
+    checkpoint: Checkpoint
     parallelism: Parallelism
     training: Training | None = None
     kernels: Kernels | None = None
@@ -87,7 +87,7 @@ def refs(exp: Sections) -> Refs:
     given = [("assets", "model.hf_assets_path", m.hf_assets_path, m.revision, "model.revision")]
     if m.backend == "hf":
         given.append(("hf_model", "model.hf_model", m.hf_model, m.revision, "model.revision"))
-    if isinstance(c, HFLoad | HFRoundtrip):
+    if c.loads_weights:
         given.append(("checkpoint", "checkpoint.path", c.path, c.revision, "checkpoint.revision"))
     for slot, key, value, revision, revision_key in given:
         if value is None:

@@ -83,8 +83,8 @@ def time_limit_note(exp: Experiment, la: SlurmLauncher) -> str:
     at = f"at the time limit ({la.time_limit_min} min; SIGUSR2 {la.signal_delay_s} s before it)"
     if not exp.checkpoint.resumable:
         return (
-            f"{at} the job is stopped and cannot resume: checkpoint={exp.checkpoint.kind} saves no "
-            "training state (checkpoint=dcp does, and launcher.requeue=true requeues the job)"
+            f"{at} the job is stopped and cannot resume: checkpoint.save=false keeps no "
+            "training state (checkpoint.save=true does, and launcher.requeue=true requeues the job)"
         )
     if la.requeue:
         return (
@@ -107,8 +107,8 @@ def requeue_problem(exp: Experiment, la: SlurmLauncher) -> Problem | None:
         return Problem(
             "launcher.requeue",
             True,
-            f"a requeued job resumes from a DCP checkpoint; checkpoint={exp.checkpoint.kind} saves none",
-            "checkpoint=dcp, or launcher.requeue=false",
+            "a requeued job resumes from a DCP checkpoint, and checkpoint.save=false keeps none",
+            "checkpoint.save=true (checkpoint=dcp), or launcher.requeue=false",
         )
     return None
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from qwen3exp.config.sections.checkpoint import HFExport, HFRoundtrip
 from qwen3exp.config.sections.launcher import LocalLauncher
 from qwen3exp.config.sections.platform import CpuPlatform
 from qwen3exp.errors import Problem
@@ -249,7 +248,7 @@ def launch_problems(
         return []
     ranks_key = "launcher.nproc_per_node" if exp.launcher.nproc_per_node else "platform.ranks_per_node"
     threads_given = isinstance(exp.platform, CpuPlatform) and exp.platform.threads_per_rank is not None
-    export = exp.checkpoint.dtype if isinstance(exp.checkpoint, HFExport | HFRoundtrip) else None
+    export = exp.checkpoint.dtype if exp.checkpoint.exports else None
     return host_problems(
         facts,
         ranks=ranks,

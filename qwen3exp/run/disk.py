@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from qwen3exp.config.sections.checkpoint import DcpCheckpoint, HFExport, HFRoundtrip
 from qwen3exp.errors import Problem
 
 
@@ -47,11 +46,12 @@ _BASE_BYTES = 32 << 20
 def estimate_bytes(exp, total_params: int) -> int:
     """What a run writes into its directory, from the plan's parameter count."""
     need = _BASE_BYTES
-    match exp.checkpoint:
-        case DcpCheckpoint(interval=interval, keep_latest_k=k):
-            saves = exp.training.steps // interval + 1
-            kept = saves if k == 0 else min(saves, k + 1)  # the newest may be written before the oldest goes
-            need += kept * total_params * _STATE_BYTES_PER_PARAM
-        case HFExport(dtype=dtype) | HFRoundtrip(dtype=dtype):
-            need += total_params * _EXPORT_BYTES[dtype]
+    c = exp.checkpoint
+    if c.save:
+        saves = exp.training.steps // c.interval + 1
+        kept = saves if c.keep_latest_k == 0 else min(saves, c.keep_latest_k + 1)  # the newest may be written first
+        need += kept * total_params * _STATE_BYTES_PER_PARAM
+    if c.exports:
+        exports = 1 + (exp.training.steps // c.every_export if c.every_export else 0)
+        need += exports * total_params * _EXPORT_BYTES[c.dtype] * (2 if c.merge_lora else 1)
     return need

@@ -1,19 +1,23 @@
-"""torchtitan's DCP checkpoint manager, as qwen3exp uses it: `keep_latest_k` keeps exactly k, and a
-resume is quiet. Everything else is torchtitan's own (`qwen3exp.titan.job_config.checkpoint_config`
-builds this class's Config for every checkpoint kind).
+"""torchtitan's DCP checkpoint manager, as qwen3exp uses it: resumable saves and Hugging Face
+exports are independent (each may be on or off, exports at the last step or also at intervals, into
+`<run dir>/export/step-N`), `keep_latest_k` keeps exactly k, each save is signed, a resume is quiet,
+and a LoRA run's export also writes the PEFT adapter folder (and, asked, the merged weights).
+Everything else is torchtitan's own (`qwen3exp.titan.job_config.checkpoint_config` builds the Config).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch.distributed as dist
-from torchtitan.components.checkpoint import CheckpointManager
+from torchtitan.components.checkpoint import AsyncMode, CheckpointManager
 
 from qwen3exp.run import signing
+from qwen3exp.titan import hf_export, lora
 
 # What torch says when `LambdaLR.get_lr()` is called outside `step()` (torch/optim/lr_scheduler.py).
 _GET_LR_OUTSIDE_STEP = re.escape("To get the last learning rate computed by the scheduler")
@@ -22,9 +26,48 @@ _GET_LR_OUTSIDE_STEP = re.escape("To get the last learning rate computed by the 
 class KeepLatestCheckpointManager(CheckpointManager):
     @dataclass(kw_only=True, slots=True)
     class Config(CheckpointManager.Config):
-        pass
+        keep_dcp: bool = True
+        """Resumable dcp saves (checkpoint.save); False: only loads and exports."""
+        export_root: str = ""
+        """Where Hugging Face exports go (`<root>/step-N`); "": no export."""
+        export_every: int = 0
+        """Steps between exports; 0: only the last step."""
+        adapter: str = ""
+        """A LoRA run: adapter_config.json's keys (JSON) for the PEFT folder of each export."""
+        merge_lora: bool = False
+        """A LoRA run: also export the merged weights (`<export>/merged`)."""
+
+    def __init__(self, config, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        self._export = config
 
     def _save(self, curr_step: int, last_step: bool = False) -> bool:
+        saved = self._save_dcp(curr_step, last_step) if self._export.keep_dcp else False
+        every = self._export.export_every
+        if self._export.export_root and self.enable and (last_step or (every and curr_step % every == 0)):
+            self._save_export(curr_step)
+            saved = True
+        return saved
+
+    def _save_export(self, step: int) -> None:
+        """The model's weights (adapters left out) as Hugging Face safetensors in export_dtype."""
+        folder = Path(self._export.export_root) / f"step-{step}"
+        states = self.states["model"].state_dict()
+        weights = {k: v.to(self.export_dtype) if v.is_floating_point() else v for k, v in states.items()}
+        adapter = json.loads(self._export.adapter) if self._export.adapter else None
+        if adapter is not None and self._export.merge_lora:
+            merged = lora.merged(states, scaling=adapter["alpha"] / adapter["rank"], dtype=self.export_dtype)
+            self.dcp_save(
+                merged, checkpoint_id=str(folder / hf_export.MERGED_FOLDER), async_mode=AsyncMode.DISABLED, to_hf=True
+            )
+        base = {k: v for k, v in weights.items() if not lora.is_adapter(k)}
+        self.dcp_save(
+            base, checkpoint_id=str(folder), async_mode=AsyncMode.DISABLED, enable_garbage_collection=True, to_hf=True
+        )
+        if adapter is not None:
+            lora.save_adapter(states, folder, adapter, self.export_dtype)
+
+    def _save_dcp(self, curr_step: int, last_step: bool) -> bool:
         saved = super()._save(curr_step, last_step)
         if saved:
             # Each rank signs the files it wrote (qwen3exp.run.signing): a later launch resumes only

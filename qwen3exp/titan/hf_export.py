@@ -1,7 +1,7 @@
 """The Hugging Face export of a run: complete it into a `from_pretrained` folder, then verify it.
 
 torchtitan's last-step HF save (`last_save_in_hf`) writes only the weights and
-`model.safetensors.index.json` to `<run dir>/checkpoint/step-N`. `complete()` adds config.json
+`model.safetensors.index.json` to `<run dir>/export/step-N`. `complete()` adds config.json
 (the source checkpoint's, with every architecture key set from the trained architecture and the
 export dtype) and the tokenizer files, so `AutoModelForCausalLM.from_pretrained(folder)` and
 `AutoTokenizer.from_pretrained(folder)` work. `verify()` loads it with `AutoModelForCausalLM` and
@@ -34,7 +34,7 @@ ASSET_FILES = (
 
 
 def export_folder(run_dir: Path, steps: int) -> Path:
-    return run_dir / rundir.CHECKPOINT / f"step-{steps}"
+    return run_dir / rundir.EXPORT / f"step-{steps}"
 
 
 def complete(
@@ -77,8 +77,8 @@ def complete(
 
 
 def recorded_max_shard_bytes(folder: Path) -> int | None:
-    """checkpoint.max_shard_mb of the run the export `<run dir>/checkpoint/step-N` belongs to, from
-    its experiment.yaml (the launcher's `finish_export` does not pass it)."""
+    """checkpoint.max_shard_mb of the run the export `<run dir>/export/step-N` belongs to, from
+    its experiment.yaml (for a caller that does not pass it)."""
     data = rundir.read_experiment(folder.parent.parent) or {}
     mb = (data.get("checkpoint") or {}).get("max_shard_mb")
     return int(mb) * 10**6 if isinstance(mb, int) and mb > 0 else None
@@ -217,6 +217,8 @@ def verify(folder: Path, *, tied: bool) -> dict:
 
 ADAPTER_FOLDER = "adapter"
 """The PEFT adapter folder of a peft=lora export: `<export folder>/adapter/`."""
+MERGED_FOLDER = "merged"
+"""checkpoint.merge_lora: the merged weights' Hugging Face folder inside an export."""
 
 _PEFT_MODULES = {
     "attention.qkv_linear.wq": "self_attn.q_proj",

@@ -251,40 +251,46 @@ def validator_config(exp: Experiment, data: Path, text_field: str):
 
 
 def checkpoint_config(exp: Experiment, run_dir: Path):
-    """torchtitan's checkpoint manager config for the experiment's checkpoint kind (qwen3exp's
-    subclass: `keep_latest_k` keeps exactly k, a resume is quiet, each save is signed). A dcp resume
-    loads the newest checkpoint its ranks signed (`rundir.latest_checkpoint_step`, checked by the
-    plan), named by its step: torchtitan by itself would load the newest one, signed or not."""
+    """torchtitan's checkpoint manager config for the experiment's checkpoint choices (qwen3exp's
+    subclass: resumable saves and exports independent, `keep_latest_k` keeps exactly k, a resume is
+    quiet, each save is signed). A dcp resume loads the newest checkpoint its ranks signed
+    (`rundir.latest_checkpoint_step`, checked by the plan), named by its step: torchtitan by itself
+    would load the newest one, signed or not; with one in the run directory torchtitan ignores the
+    initial load (`checkpoint.load`), so a resumed fine-tune continues from its own step."""
     from qwen3exp.titan.checkpointing import KeepLatestCheckpointManager as CheckpointManager  # lazy: torchtitan
 
-    c, folder = exp.checkpoint, rundir.CHECKPOINT
-    exporter, adapter = CheckpointManager, {}
-    if exp.peft.kind == "lora":  # the export also writes the PEFT adapter folder
-        from qwen3exp.titan import lora  # lazy: imports torchtitan
+    c = exp.checkpoint
+    if c.load == "none" and not c.save and not c.exports:
+        return CheckpointManager.Config(enable=False, folder=rundir.CHECKPOINT)
+    load: dict = {}
+    if c.load != "none":
+        path = model_files.weights_folder(exp) if c.load == "hf" else Path(str(c.path)).expanduser().resolve()
+        load = dict(initial_load_path=str(path), initial_load_in_hf=c.load == "hf", initial_load_model_only=True)
+    step = rundir.latest_checkpoint_step(run_dir) if c.save else None
+    adapter = lora_adapter_json(exp) if c.exports else ""
+    return CheckpointManager.Config(
+        enable=True,
+        folder=rundir.CHECKPOINT,
+        # Without resumable saves torchtitan would still save at every `interval` and the last step:
+        # keep_dcp=False skips them, and nothing is loaded from the run directory.
+        interval=c.interval if c.save else exp.training.steps,
+        keep_latest_k=c.keep_latest_k if c.save else 0,
+        last_save_model_only=False,
+        load_step=-1 if step is None else step,
+        keep_dcp=c.save,
+        export_root=str(Path(run_dir).resolve() / rundir.EXPORT) if c.exports else "",
+        export_every=c.every_export or 0,
+        export_dtype=c.dtype,
+        adapter=adapter,
+        merge_lora=c.merge_lora,
+        **load,
+    )
 
-        exporter, adapter = lora.checkpoint_manager_cls(), {"adapter": lora.adapter_json(exp.peft)}
-    weights = model_files.weights_folder(exp)
-    load = dict(initial_load_path=str(weights), initial_load_in_hf=True, initial_load_model_only=True)
-    # No periodic saves: the only save is the last step (torchtitan always saves it).
-    export = dict(interval=exp.training.steps, keep_latest_k=0, last_save_in_hf=True, last_save_model_only=True)
-    match c.kind:
-        case "none":
-            return CheckpointManager.Config(enable=False, folder=folder)
-        case "dcp":
-            # The last step is a full checkpoint too (optimizer, data position), so it resumes.
-            step = rundir.latest_checkpoint_step(run_dir)
-            return CheckpointManager.Config(
-                enable=True,
-                folder=folder,
-                interval=c.interval,
-                keep_latest_k=c.keep_latest_k,
-                last_save_model_only=False,
-                load_step=-1 if step is None else step,
-            )
-        case "hf_load":
-            return CheckpointManager.Config(enable=True, folder=folder, load_only=True, **load)
-        case "hf_export":
-            return exporter.Config(enable=True, folder=folder, export_dtype=c.dtype, **export, **adapter)
-        case "hf_roundtrip":
-            return exporter.Config(enable=True, folder=folder, export_dtype=c.dtype, **load, **export, **adapter)
-    raise AssertionError(c)
+
+def lora_adapter_json(exp: Experiment) -> str:
+    """A LoRA run's adapter_config.json keys (JSON) for its exports; "" without LoRA."""
+    if exp.peft.kind != "lora":
+        return ""
+    from qwen3exp.titan import lora  # lazy: imports torchtitan
+
+    return lora.adapter_json(exp.peft)

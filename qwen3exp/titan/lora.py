@@ -110,34 +110,32 @@ def _dropout_cls(lora_cls):
     return DropoutLoRALinear
 
 
-def checkpoint_manager_cls():
-    """qwen3exp's checkpoint manager that, after the last-step HF export, writes the adapters as a
-    PEFT folder (`<export>/adapter/`: adapter_config.json, adapter_model.safetensors)."""
-    return _manager_cls()
+def is_adapter(fqn: str) -> bool:
+    return ".lora_a." in fqn or ".lora_b." in fqn
 
 
-@cache
-def _manager_cls():
-    from qwen3exp.titan.checkpointing import KeepLatestCheckpointManager  # lazy: imports torchtitan
+def merged(state_dict: dict, *, scaling: float, dtype) -> dict:
+    """The model's weights with each adapter merged into its base (W + scaling * B A), adapters left
+    out, in `dtype`: what `PeftModel.merge_and_unload()` gives. A sharded weight stays sharded
+    alike (the adapters' product is computed whole, one projection at a time)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor  # lazy: torch in the ranks only
 
-    class AdapterCheckpointManager(KeepLatestCheckpointManager):
-        @dataclass(kw_only=True, slots=True)
-        class Config(KeepLatestCheckpointManager.Config):
-            adapter: str = "{}"
-            """adapter_config.json's keys (JSON), less base_model_name_or_path (the export folder)."""
+    def whole(t):
+        return t.full_tensor() if isinstance(t, DTensor) else t
 
-        def __init__(self, config, **kwargs) -> None:
-            super().__init__(config, **kwargs)
-            self._adapter = json.loads(config.adapter)
-
-        def _save(self, curr_step: int, last_step: bool = False) -> bool:
-            saved = super()._save(curr_step, last_step)
-            if saved and last_step and self.last_save_in_hf:
-                folder = Path(self._create_checkpoint_id(curr_step)).resolve()
-                save_adapter(self.states["model"].state_dict(), folder, self._adapter, self.export_dtype)
-            return saved
-
-    return AdapterCheckpointManager
+    out = {}
+    for fqn, value in state_dict.items():
+        if is_adapter(fqn):
+            continue
+        head = fqn.removesuffix(".weight")
+        a, b = state_dict.get(f"{head}.lora_a.weight"), state_dict.get(f"{head}.lora_b.weight")
+        if a is not None and b is not None:
+            delta = scaling * (whole(b).float() @ whole(a).float())
+            if isinstance(value, DTensor):
+                delta = distribute_tensor(delta.to(value.dtype), value.device_mesh, value.placements)
+            value = (value.float() + delta.float()) if not isinstance(value, DTensor) else value + delta
+        out[fqn] = value.to(dtype) if value.is_floating_point() else value
+    return out
 
 
 def adapter_json(peft: Lora) -> str:
@@ -151,7 +149,7 @@ def save_adapter(state_dict: dict, folder: Path, adapter: dict, dtype) -> None:
     from torch.distributed.tensor import DTensor  # lazy: the same
 
     tensors = {}
-    for fqn in sorted(k for k in state_dict if ".lora_a." in k or ".lora_b." in k):
+    for fqn in sorted(k for k in state_dict if is_adapter(k)):
         value = state_dict[fqn]
         full = value.full_tensor() if isinstance(value, DTensor) else value
         tensors[hf_export.peft_key(fqn)] = full.detach().to(dtype).cpu().contiguous()

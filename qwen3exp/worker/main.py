@@ -76,7 +76,7 @@ def train(run_dir: Path) -> None:
     with overrides.record_applied(run_dir, write=rank == 0):
         trainer = config.build()
     faults.install(trainer, injected, rank)
-    if exp.checkpoint.kind == "dcp":  # SLURM's pre-timeout signal: checkpoint and stop (run/timelimit.py)
+    if exp.checkpoint.resumable:  # SLURM's pre-timeout signal: checkpoint and stop (run/timelimit.py)
         timelimit.install(trainer, run_dir / rundir.LOGS)
     trainer.train()
     _finish(trainer)

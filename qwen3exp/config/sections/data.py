@@ -68,7 +68,8 @@ class HFData(Strict):
 
 class ChatData(Strict):
     """Supervised fine-tuning on conversations: each one rendered by the tokenizer's chat template,
-    the loss on the tokens `loss_on` names, one conversation per sequence (padded; padding untrained)."""
+    the loss on the tokens `loss_on` names, one conversation per sequence or several (`pack`); padding
+    is never trained."""
 
     source: Literal["chat"] = "chat"
     path: str | None = None
@@ -82,6 +83,11 @@ class ChatData(Strict):
     assistant turn's only; all: every token of the conversation."""
     max_len_policy: Literal["drop", "truncate"] = "drop"
     """A conversation longer than training.seq_len + 1 tokens: dropped, or cut to that length."""
+    pack: bool = False
+    """true: several whole conversations per sequence, packed greedily in order (one that does not fit
+    in what is left starts the next sequence), each with its own positions from 0 and a document mask,
+    so no token attends across a conversation boundary; the tail of a sequence is padded and untrained.
+    false: one conversation per sequence, padded."""
 
     @property
     def location(self) -> str:
