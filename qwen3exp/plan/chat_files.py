@@ -208,12 +208,13 @@ def plan_lines(exp, tokenizer_folder: Path, global_batch_size: int | None = None
     share = f"{s.trained / s.tokens:.1%}" if s.tokens else "-"
     kept = s.checked - s.dropped
     padding = 1 - s.tokens / (kept * seq_len) if kept else 0.0
+    layout = "packed (data.pack=true; below)" if d.pack else f"one conversation per sequence, {padding:.0%} padding"
     return [
         f"chat data:  {of} conversations: {s.tokens:,} tokens, {s.trained:,} trained ({share}; "
-        f"data.loss_on={d.loss_on}); one conversation per sequence, {padding:.0%} padding",
+        f"data.loss_on={d.loss_on}); {layout}",
         f"            at seq_len {seq_len}: {s.dropped} dropped, {s.truncated} truncated "
         f"(data.max_len_policy={d.max_len_policy})"
-        + (f"; {_epochs_text(s, exp, global_batch_size)}" if global_batch_size else ""),
+        + (f"; {_epochs_text(s, exp, global_batch_size)}" if global_batch_size and not d.pack else ""),
     ]
 
 

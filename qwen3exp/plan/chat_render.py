@@ -24,13 +24,14 @@ content is trained, and so is the first token after it (the end-of-turn token).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROLES = ("system", "user", "assistant")
 LOSS_ON = ("assistant", "last_assistant", "all")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,24 @@ def fit(r: Rendered, seq_len: int, policy: str) -> Rendered | None:
         return None
     cut = Rendered(r.ids[: seq_len + 1], r.trained[: seq_len + 1])
     return cut if any(cut.trained[1:]) else None
+
+
+def packs(items: Iterable[T], size: Callable[[T], int], capacity: int) -> Iterator[list[T]]:
+    """data.pack: the items in order, greedily in groups whose sizes sum to at most `capacity`; an
+    item that does not fit in what is left of the current group starts the next one (each item's
+    size is at most `capacity`: `fit` made it so). The ranks' dataset packs conversations with it
+    and the plan counts the sequences with it, so both pack alike."""
+    group: list[T] = []
+    used = 0
+    for item in items:
+        n = size(item)
+        if group and used + n > capacity:
+            yield group
+            group, used = [], 0
+        group.append(item)
+        used += n
+    if group:
+        yield group
 
 
 def _content_span(tok, messages: list[dict[str, str]], k: int, text: str) -> tuple[int, int]:

@@ -9,7 +9,8 @@ have an id of its own in the run's tokenizer (what `token_to_id` finds): else ex
 Plain JSON: no tokenizers, no transformers.
 
 The figures (shown in the plan, written to plan.json's "data" and summary.json's "data"):
-documents (conversations for data=chat), tokens, and the epochs training.steps reads. Plain text:
+documents (conversations for data=chat), tokens, and the epochs training.steps reads (data.pack:
+counted in the sequences the conversations pack into, `chat_packing`). Plain text:
 the documents counted (data up to `data_files.COUNT_BYTES`; else estimated from the first ones'
 bytes), the tokens of the first `MAX_DOCS` documents (up to `SAMPLE_BYTES`) tokenized with the
 run's tokenizer, one separator each, scaled to all documents ("counted" when every document was
@@ -20,13 +21,13 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from qwen3exp.assets import CORPUS_DIR
 from qwen3exp.config.sections.data import ChatData
 from qwen3exp.errors import Problem, did_you_mean
-from qwen3exp.plan import chat_files, hf_data_files
+from qwen3exp.plan import chat_files, chat_packing, hf_data_files
 from qwen3exp.plan.data_files import data_files, document_count
 from qwen3exp.plan.hf_data_source import resolve
 from qwen3exp.units import MIB
@@ -130,6 +131,10 @@ class DataFigures:
     """data=chat: the tokens the loss trains (of the conversations checked)."""
     dropped: int | None = None
     truncated: int | None = None
+    sequences: int | None = None
+    """data=chat with data.pack: the sequences the training conversations pack into (`chat_packing`)."""
+    fill: float | None = None
+    """data=chat with data.pack: the share of those sequences' positions conversation tokens fill."""
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -234,11 +239,20 @@ def figures(exp, folder: Path, batches) -> DataFigures:
         s = chat_files.stats(d, folder, exp.training.seq_len)
         how = "counted" if s.total == s.checked else f"of the first {s.checked:,} conversations"
         ep = chat_files.epochs(s, batches.global_batch_size * steps, exp.validation.held_out)
-        return DataFigures("chat", s.total, s.tokens, how, ep, None, None, s.trained, s.dropped, s.truncated)
+        figs = DataFigures("chat", s.total, s.tokens, how, ep, None, None, s.trained, s.dropped, s.truncated)
+        return _packed(figs, exp, folder, batches) if d.pack else figs
     n, tokens, how = _counts(d.model_dump_json(), str(folder), d)
     ep = batches.tokens_per_step * steps / (tokens * share) if tokens else None
     sep = separator(d, folder)
     return DataFigures(d.source, n, tokens, how, ep, sep[0] if sep else None, sep[1] if sep else None)
+
+
+def _packed(figs: DataFigures, exp, folder: Path, batches) -> DataFigures:
+    """data.pack: the sequences the conversations pack into, and the epochs counted in sequences."""
+    dp = batches.global_batch_size // (batches.local_batch_size * batches.grad_accum_steps)
+    p = chat_packing.packing(exp.data, folder, exp.training.seq_len, dp, exp.validation.held_out)
+    ep = batches.global_batch_size * exp.training.steps / p.sequences if p.sequences else None
+    return replace(figs, epochs=ep, sequences=p.sequences, fill=p.fill)
 
 
 def epochs_text(epochs: float | None) -> str:
@@ -246,8 +260,11 @@ def epochs_text(epochs: float | None) -> str:
 
 
 def plan_lines(plan) -> list[str]:
-    """The plan's lines about plain-text data (`qwen3exp.plan.render`; data=chat: `chat_files.plan_lines`)."""
+    """The plan's lines about plain-text data, and data=chat's packing (`qwen3exp.plan.render`; the rest
+    of data=chat: `chat_files.plan_lines`)."""
     f, d = plan.data, plan.exp.data
+    if f and f.get("source") == "chat" and d.pack:
+        return _pack_lines(plan)
     if not f or f.get("source") == "chat":
         return []
     b, steps = plan.batches, plan.exp.training.steps
@@ -264,4 +281,16 @@ def plan_lines(plan) -> list[str]:
         f"tokens = {epochs_text(f['epochs'])}{held}",
         f"            separator {f['separator']} (id {f['separator_id']}; data.eos"
         + (")" if d.eos is not None else ", null: the end-of-text token)"),
+    ]
+
+
+def _pack_lines(plan) -> list[str]:
+    """data=chat with data.pack: the sequences, how full they are, and the epochs they make."""
+    f, steps, gbs = plan.data, plan.exp.training.steps, plan.batches.global_batch_size
+    seqs = f"{f['sequences']:,}" if f["sequences"] is not None else "?"
+    fill = f"{f['fill']:.0%}" if f["fill"] is not None else "?"
+    return [
+        f"            packed (data.pack=true): the training conversations make {seqs} sequences of "
+        f"{plan.exp.training.seq_len} tokens, {fill} conversation tokens (the rest padding); {steps} steps x "
+        f"{gbs} sequences = {epochs_text(f['epochs'])}"
     ]

@@ -1,24 +1,37 @@
-"""data=chat in the ranks: a torchtitan dataloader of conversations, one per sequence, padded.
+"""data=chat in the ranks: a torchtitan dataloader of conversations, one or several per sequence, padded.
 
 Each conversation is rendered by the run's tokenizer and chat template with the trained mask of
 data.loss_on (`qwen3exp.plan.chat_render`, the code the pre-launch checks and the plan ran), fitted
 to training.seq_len (data.max_len_policy: drop or truncate; `chat_render.fit`), and yielded as
-torchtitan's text datasets yield a sample: `{"input": ids, "positions": 0..seq_len-1}` and labels.
-labels[i] is the token after input i where that token is trained, else torchtitan's IGNORE_INDEX
-(-100, which `torchtitan.components.loss.cross_entropy_loss` ignores and the trainer leaves out of
-its count of valid tokens, so the step loss is the mean over the trained tokens of all ranks).
-Padding (the tokenizer's pad token, else its eos) follows the conversation: the causal mask keeps
-it out of the conversation's attention, and its labels are ignored.
+torchtitan's text datasets yield a sample: `{"input": ids, "positions": ...}` and labels. A
+conversation of n + 1 tokens fills n positions: inputs are its tokens but the last, labels[i] the
+token after input i where that token is trained, else torchtitan's IGNORE_INDEX (-100, which
+`torchtitan.components.loss.cross_entropy_loss` ignores and the trainer leaves out of its count of
+valid tokens, so the step loss is the mean over the trained tokens of all ranks). Padding (the
+tokenizer's pad token, else its eos) fills the rest of the sequence, its labels ignored.
+
+data.pack=false: one conversation per sequence, positions 0..seq_len-1 (the padding follows the
+conversation: the causal mask keeps it out of the conversation's attention).
+data.pack=true: whole conversations packed greedily in read order (`chat_render.packs`: one that
+does not fit in what is left starts the next sequence), each with positions from 0, and the padding
+tail with positions from 0 of its own. A document starts where its position is 0: the attention of
+every backend builds its block-causal document mask from the positions (torchtitan's
+`get_attention_masks`; `qwen3exp.titan.attention`, `qwen3exp.titan.hf_model`), so no token attends
+across a conversation boundary. The last sequence of an epoch is padded (no conversation spans two
+epochs).
 
 Sharding: the conversations of the part (`held_out`: training takes the others, validation the held
 out ones; the same split as data=local) are dealt out round-robin, conversation i to data-parallel
 rank i mod dp_world_size. The first epoch reads them in file order, later ones reshuffled (seed 42 +
-epoch, as torchtitan's datasets do). The read position is saved with dcp checkpoints.
+epoch, as torchtitan's datasets do). The read position (the first conversation not yet in a yielded
+sequence; a packed sequence is never held half-filled between two yields) is saved with dcp
+checkpoints, so a resumed run reads exactly what the uninterrupted one would have.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +41,7 @@ from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.loss import IGNORE_INDEX
 
-from qwen3exp.plan.chat_render import Rendered, fit, load_tokenizer, messages_of, records, render
+from qwen3exp.plan.chat_render import Rendered, fit, load_tokenizer, messages_of, packs, records, render
 from qwen3exp.plan.data_files import held_out
 
 TRAIN, VALIDATION, ALL = "train", "validation", "all"
@@ -43,14 +56,24 @@ def part_of(path: str, part: str, fraction: float | None) -> list[str]:
     return [line for i, line in enumerate(lines) if (i in held) == (part == VALIDATION)]
 
 
-def sample(r: Rendered, seq_len: int, pad_id: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """One fitted conversation as (inputs, labels) of seq_len positions."""
-    n = len(r.ids) - 1
-    inputs = r.ids[:-1] + [pad_id] * (seq_len - n)
-    labels = [t if on else IGNORE_INDEX for t, on in zip(r.ids[1:], r.trained[1:], strict=True)]
-    labels += [IGNORE_INDEX] * (seq_len - n)
-    positions = torch.arange(seq_len, dtype=torch.long)
-    return {"input": torch.tensor(inputs, dtype=torch.long), "positions": positions}, torch.tensor(labels)
+def sample(
+    rs: list[Rendered], seq_len: int, pad_id: int, *, pack: bool = False
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Fitted conversations (one unless `pack`) as (inputs, labels) of seq_len positions."""
+    inputs: list[int] = []
+    labels: list[int] = []
+    positions: list[int] = []
+    for r in rs:
+        inputs += r.ids[:-1]
+        labels += [t if on else IGNORE_INDEX for t, on in zip(r.ids[1:], r.trained[1:], strict=True)]
+        positions += range(len(r.ids) - 1)
+    tail = seq_len - len(inputs)
+    inputs += [pad_id] * tail
+    labels += [IGNORE_INDEX] * tail
+    # pack: the padding is a document of its own; else it continues the conversation's positions.
+    positions = positions + list(range(tail)) if pack else list(range(seq_len))
+    ids, pos = torch.tensor(inputs, dtype=torch.long), torch.tensor(positions, dtype=torch.long)
+    return {"input": ids, "positions": pos}, torch.tensor(labels, dtype=torch.long)
 
 
 class ChatDataset(IterableDataset, Stateful):
@@ -69,22 +92,32 @@ class ChatDataset(IterableDataset, Stateful):
             random.Random(42 + self._epoch).shuffle(order)
         return order
 
+    def _fitted(self, order: list[int]) -> Iterator[tuple[int, Rendered]]:
+        """(position in `order`, fitted conversation) of this epoch from the read position on, the
+        ones data.max_len_policy drops left out."""
+        c = self.config
+        for i in range(self._sample_idx, len(order)):
+            messages = messages_of(self._lines[order[i]], c.messages_field)
+            r = fit(render(self._tok, messages, c.loss_on), self.seq_len, c.max_len_policy)
+            if r is not None:
+                yield i, r
+
     def __iter__(self):
         c = self.config
         while True:
             order, yielded = self._order(), False
-            while self._sample_idx < len(order):
-                line = self._lines[order[self._sample_idx]]
-                self._sample_idx += 1
-                r = fit(
-                    render(self._tok, messages_of(line, c.messages_field), c.loss_on), self.seq_len, c.max_len_policy
-                )
-                if r is not None:
-                    yielded = True
-                    yield sample(r, self.seq_len, self._pad)
+            groups = (
+                packs(self._fitted(order), lambda x: len(x[1].ids) - 1, self.seq_len)
+                if c.pack
+                else ([x] for x in self._fitted(order))
+            )
+            for group in groups:
+                # Past the group's last conversation: a resumed run renders the next ones again.
+                self._sample_idx, yielded = group[-1][0] + 1, True
+                yield sample([r for _, r in group], self.seq_len, self._pad, pack=c.pack)
             if not c.infinite:
                 return
-            if not yielded and self._sample_idx == len(order):
+            if not yielded and self._sample_idx == 0:
                 raise ValueError(
                     f"data=chat: none of this rank's {len(order)} conversation(s) of {c.path} fits "
                     f"training.seq_len={self.seq_len} (data.max_len_policy={c.max_len_policy})"
@@ -108,6 +141,8 @@ class ChatDataLoader(ParallelAwareDataloader):
         messages_field: str = "messages"
         loss_on: str = "assistant"
         max_len_policy: str = "drop"
+        pack: bool = False
+        """data.pack: several conversations per sequence, each its own document."""
         tokenizer_path: str = ""
         """The run's tokenizer folder (hf_assets_path): its chat template renders the conversations."""
         part: str = ALL
@@ -156,6 +191,7 @@ def loader_config(exp, tokenizer_path: str, *, validation: bool) -> ChatDataLoad
         messages_field=d.messages_field,
         loss_on=d.loss_on,
         max_len_policy=d.max_len_policy,
+        pack=d.pack,
         tokenizer_path=tokenizer_path,
         part=part,
         fraction=fraction,

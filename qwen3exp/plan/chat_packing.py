@@ -1,0 +1,78 @@
+"""data.pack=true in the plan: how many sequences the training conversations pack into.
+
+The ranks' packing is replayed on the conversations' lengths: the training side of the held-out
+split, dealt out round-robin to the data-parallel ranks, each rank's conversations in file order
+(the first epoch) fitted to training.seq_len (data.max_len_policy) and packed greedily
+(`chat_render.packs`, the function the ranks' dataset packs with). A length is the tokens of the
+conversation's chat-template rendering, the tokens `chat_render.render` trains on; only a
+conversation that `truncate` cuts is rendered with its mask (a cut that keeps no trained token is
+dropped, as the ranks drop it). Bounded as the other chat figures: the first
+`chat_files.MAX_CHECKED` conversations; when the file holds more, the sequences are scaled to all
+of them.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+from qwen3exp.plan import chat_files
+from qwen3exp.plan.chat_render import fit, load_tokenizer, messages_of, packs, records, render
+from qwen3exp.plan.data_files import held_out
+
+
+@dataclass(frozen=True)
+class Packing:
+    sequences: int | None
+    """Sequences of training.seq_len the training conversations of all ranks pack into (one
+    epoch); None when the conversations are not counted."""
+    fill: float | None
+    """The share of those sequences' positions that conversation tokens fill (the rest is padding)."""
+    counted: bool
+    """Every conversation was packed (else `sequences` is scaled from the first ones)."""
+
+
+def packing(data, tokenizer_folder: str | Path, seq_len: int, dp: int, fraction: float | None) -> Packing:
+    """data.pack's figures for `dp` data-parallel ranks and the held-out `fraction` (None: no split)."""
+    files = chat_files.chat_files(data.location)
+    stamp = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    key = (data.location, data.messages_field, data.loss_on, data.max_len_policy)
+    return _packing(key, str(tokenizer_folder), seq_len, dp, fraction, stamp)
+
+
+@functools.lru_cache(maxsize=16)
+def _packing(key: tuple, folder: str, seq_len: int, dp: int, fraction: float | None, _stamp: tuple) -> Packing:
+    path, field, loss_on, policy = key
+    tok = load_tokenizer(folder)
+    lines = [line for _, _, line in records(path, chat_files.MAX_CHECKED)]
+    total = chat_files.conversation_count(path)
+    counted = total == len(lines)
+    held = set(held_out(len(lines), fraction)) if counted and fraction is not None else set()
+    train = [line for i, line in enumerate(lines) if i not in held]
+    sizes = _sizes(tok, train, field, loss_on, policy, seq_len)
+    sequences = filled = 0
+    for rank in range(dp):
+        for group in packs([n for n in sizes[rank::dp] if n is not None], int, seq_len):
+            sequences += 1
+            filled += sum(group)
+    fill = filled / (sequences * seq_len) if sequences else None
+    if counted or total is None:
+        return Packing(sequences if counted else None, fill, counted)
+    return Packing(round(sequences * total * (1 - (fraction or 0.0)) / len(lines)), fill, False)
+
+
+def _sizes(tok, lines: list[str], field: str, loss_on: str, policy: str, seq_len: int) -> list[int | None]:
+    """The positions each conversation fills (its tokens less one), None for one the ranks drop."""
+    conversations = [messages_of(line, field) for line in lines]
+    texts = [tok.apply_chat_template(m, tokenize=False) for m in conversations]
+    lengths = [len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]] if texts else []
+    out: list[int | None] = []
+    for m, n in zip(conversations, lengths, strict=True):
+        if n <= seq_len + 1:
+            out.append(n - 1)
+        elif policy == "drop":
+            out.append(None)
+        else:  # truncate: cut to seq_len + 1 tokens, dropped when the cut trains nothing
+            out.append(None if fit(render(tok, m, loss_on), seq_len, policy) is None else seq_len)
+    return out
