@@ -25,6 +25,7 @@ usage: qwen3exp [group=option ...] [key=value ...]     (python -m qwen3exp is th
   qwen3exp init [DIR]                     a repository of experiments of your own
   qwen3exp report PATH [PATH ...]         the table (and report.md/csv, plots) of runs, sweeps; compares runs
   qwen3exp diff RUN_A RUN_B               the keys that differ between two runs
+  qwen3exp data show [overrides] [-n N]   the first training samples, the tokens the loss trains marked
   qwen3exp relaunch RUN [overrides]       run a recorded run again and compare the losses
   qwen3exp --version                      qwen3exp's, torchtitan's, torch's and hydra-core's versions
   qwen3exp --hydra-help | --cfg job | --info | --shell-completion    Hydra's own answers

@@ -419,6 +419,42 @@ CASES = [
         "ranks x threads per rank at most",
         ("threads per core",),
     ),
+    # checkpoint: load, save and export are independent keys; what does not go together is named
+    Case("ckpt_dcp_load_without_path", ("checkpoint.load=dcp",), "checkpoint.path", "<run dir>/checkpoint/step-N"),
+    Case(
+        "ckpt_path_without_load",
+        ("checkpoint.path={tmp}/empty",),
+        "checkpoint.path",
+        "checkpoint.load=hf|dcp",
+        ("checkpoint.load=none loads nothing",),
+    ),
+    Case("ckpt_merge_without_export", ("checkpoint.merge_lora=true",), "checkpoint.merge_lora", "checkpoint.export="),
+    Case(
+        "ckpt_merge_without_lora",
+        ("checkpoint=hf_export", "checkpoint.merge_lora=true"),
+        "checkpoint.merge_lora",
+        "peft=lora",
+    ),
+    Case(
+        "ckpt_load_dcp_not_a_checkpoint",
+        ("checkpoint.load=dcp", "checkpoint.path={tmp}/empty"),
+        "checkpoint",
+        "a <run dir>/checkpoint/step-N folder a qwen3exp run saved",
+        ("not a dcp checkpoint (no .metadata)",),
+    ),
+    Case(
+        "chat_fewer_held_out_than_ranks",
+        ("experiment=tiny_sft", "data.path={tmp}/three_chats.jsonl"),
+        "validation.fraction",
+        "at least 2 held-out conversations (one per rank)",
+        ("leaves 1 held-out conversation(s) for 2 data-parallel ranks",),
+    ),
+    Case(
+        "ckpt_export_interval_without_interval_export",
+        ("checkpoint=hf_export", "checkpoint.export_interval=5"),
+        "checkpoint.export_interval",
+        "null",
+    ),
 ]
 
 
@@ -427,6 +463,8 @@ def assets(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("bad_inputs")
     (tmp / "empty").mkdir()
     (tmp / "corpus.csv").write_text("text\nhello\n")
+    chats = (REPO / "qwen3exp" / "assets" / "chat" / "train.jsonl").read_text().splitlines()
+    (tmp / "three_chats.jsonl").write_text("\n".join(chats[:3]) + "\n")
     big = tmp / "big_tokenizer"
     big.mkdir()
     tok = json.loads((TOKENIZER / "tokenizer.json").read_text())

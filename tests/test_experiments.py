@@ -85,7 +85,7 @@ def test_trn2_experiment_plans_and_converts_for_neuron(name, tmp_path):
     match exp.model.backend:
         case "native":
             inner = [layer.attention.inner_attention for layer in config.model_spec.model.layers]
-            assert inner and all(type(a) is DocumentSDPAttention.Config for a in inner)
+            assert inner and all(isinstance(a, DocumentSDPAttention.Config) for a in inner)
         case "hf":
             from qwen3exp.titan.hf_model import HFQwen3SdpaModel
 

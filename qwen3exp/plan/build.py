@@ -138,6 +138,7 @@ def make_plan(
     params = Parameters(total, active, memory.params_per_rank(arch, mesh.degrees), arch.is_moe, trainable)
     mem, problems = memory_fit(exp, arch, mesh, facts, total, warnings)
     problems += _peft_problems(exp, arch.is_moe)
+    problems += chat_files.rank_problems(exp, mesh.dp_replicate * mesh.dp_shard)
     verdict = checkpoint_verdict(exp, files, Path(run_dir))
     problems += _verdict_problems(exp, verdict)
     if problems:

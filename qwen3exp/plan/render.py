@@ -2,6 +2,8 @@
 
 The format is documented in README.md ("Plan before you spend"). With a sweep, the first point
 lists every key with its source; later points list only the keys that differ from the first.
+After a plan comes the first training sample, its trained tokens marked (`sample_marks`; once per
+data set a sweep's points read).
 """
 
 from __future__ import annotations
@@ -9,19 +11,28 @@ from __future__ import annotations
 import shlex
 import sys
 
-from qwen3exp.plan import chat_files, data_figures, hf_data_files, memory
+from qwen3exp.plan import chat_files, data_figures, hf_data_files, memory, sample_marks
+from qwen3exp.run.console import colour_allowed
 from qwen3exp.units import human_bytes as _human
 
 
 def print_plans(points, out=None) -> int:
     out = out or sys.stdout
     first_table = None
+    sampled: set[tuple] = set()
     for i, point in enumerate(points):
         plan = point.plan
         if len(points) > 1:
             print(f"=== sweep point {i + 1}/{len(points)}", file=out)
         table = plan.provenance
         print(render(plan, provenance_diff=first_table), file=out)
+        # The first training sample, its trained tokens marked: once per data a sweep's points read.
+        seq_len = plan.exp.training.seq_len if plan.exp.data.source == "chat" else None  # chat: fitted to it
+        data = (plan.exp.data.model_dump_json(), seq_len, str(plan.files.folder))
+        if data not in sampled:
+            sampled.add(data)
+            lines = sample_marks.dry_run_lines(plan.exp, plan.files.folder, colour_allowed(out))
+            print("\n".join(lines), file=out)
         if first_table is None:
             first_table = table
     return 0
