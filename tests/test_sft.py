@@ -143,15 +143,17 @@ def test_bad_conversations_and_a_tokenizer_without_template_exit_2(tmp_path):
 
 
 @pytest.mark.slow
-def test_tiny_sft_step1_loss_equals_transformers_on_the_masked_batch(tmp_path):
-    """2 ranks, native backend, weights from a transformers checkpoint: the step-1 loss (torchtitan's
+@pytest.mark.parametrize("backend", ["native", "hf"])
+def test_tiny_sft_step1_loss_equals_transformers_on_the_masked_batch(tmp_path, backend):
+    """2 ranks, each backend, weights from a transformers checkpoint: the step-1 loss (torchtitan's
     sum over the trained labels of both ranks / their count) equals transformers' mean loss on the
     same 8 sequences, rebuilt here from the rendered conversations: rank r reads conversations
     r, r+2, ... (validation off: no held-out split), padded, labels -100 except trained tokens."""
     ckpt = write_checkpoint(tmp_path / "ckpt", tied=True, seed=3)
     run_dir = tmp_path / "run"
     r = run_cli(
-        "experiment=tiny_sft", "model.flavor=auto", f"model.hf_assets_path={ckpt}", "checkpoint=hf_load",
+        "experiment=tiny_sft", "model.flavor=auto" if backend == "native" else "model=hf",
+        f"model.hf_assets_path={ckpt}", "checkpoint=hf_load",
         "platform=cpu", "platform.threads_per_rank=1", "training.steps=2", "training.warmup_steps=1",
         "training.local_batch_size=4", "validation.enable=false", "metrics.tensorboard=false",
         f"hydra.run.dir={run_dir}",
