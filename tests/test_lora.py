@@ -1,8 +1,8 @@
 """peft=lora (issue 24): LoRA adapters on a frozen base, model=native.
 
 - the plan: trainable parameters = rank x (in + out) per targeted projection and layer, gradients and
-  optimizer state for those only (a full fine-tune's figures unchanged); bad targets, model=hf and
-  MLP targets on an MoE model exit 2 before any worker;
+  optimizer state for those only (a full fine-tune's figures unchanged); bad targets and MLP targets
+  on an MoE model exit 2 before any worker (model=hf: tests/test_lora_hf.py);
 - one real 2-rank training of experiment=tiny_lora from a transformers checkpoint (hf_roundtrip,
   float32 export), all seven targets: the adapter folder's parameter count equals the plan's; the
   exported base weights are bit-identical to the loaded ones; the loss falls; PEFT loads the
@@ -64,8 +64,6 @@ def test_plan_trainable_parameters_and_memory():
         validate_experiment(compose("experiment=tiny_lora", "peft.targets=[q_proj,k_proj]"))
     with pytest.raises(ConfigError, match="peft.targets"):
         validate_experiment(compose("experiment=tiny_lora", "peft.targets=[qproj]"))
-    with pytest.raises(ConfigError, match="model=native only"):
-        _plan("experiment=tiny_lora", "model=hf")
     with pytest.raises(ConfigError, match="grouped tensors"):
         _plan("experiment=tiny_lora", "model.flavor=tiny_moe", "peft.targets=[q_proj,gate_proj]")
 

@@ -247,15 +247,17 @@ def prepare(exp: Experiment, env: Mapping[str, str] | None = None, claims_of: Cl
 
 
 def _peft_problems(exp: Experiment, is_moe: bool) -> list[Problem]:
-    """peft=lora where it cannot apply yet: model=hf, and MLP targets of an MoE model (grouped experts);
-    checkpoint.merge_lora without LoRA."""
+    """peft=lora where it cannot apply: MLP targets of an MoE model (grouped experts), tensor
+    parallelism on model=hf (its adapters are replicated); checkpoint.merge_lora without LoRA."""
     if exp.peft.kind != "lora":
         if exp.checkpoint.merge_lora:
             why = "merges LoRA adapters into the export, and peft=none trains none"
             return [Problem("checkpoint.merge_lora", True, why, "false, or peft=lora", None)]
         return []
-    if exp.model.backend != "native":
-        return [Problem("peft", "lora", "LoRA runs on model=native only (so far)", "model=native", None)]
+    if exp.model.backend == "hf" and exp.parallelism.tp > 1:
+        why = "LoRA on model=hf (qwen3exp's adapters on transformers' projections) has no tensor-parallel plan"
+        hint = "shard with FSDP (parallelism.dp_shard), or use model=native"
+        return [Problem("parallelism.tp", exp.parallelism.tp, why, "1 with peft=lora and model=hf", hint)]
     mlp = sorted({"gate_proj", "up_proj", "down_proj"} & set(exp.peft.targets))
     if mlp and is_moe:
         why = "an MoE model's experts are grouped tensors, not projections LoRA can target"

@@ -231,11 +231,19 @@ _PEFT_MODULES = {
 }
 
 
+_HF_BACKEND_LAYERS = "model.model.layers."
+"""model=hf: the Transformers backend keeps transformers' model as `model`, so its FQNs are
+transformers' own names under one more `model.` (`qwen3exp.titan.hf_lora`)."""
+
+
 def peft_key(fqn: str) -> str:
-    """PEFT's name of a torchtitan LoRA weight: `layers.3.attention.qkv_linear.wq.lora_a.weight` ->
+    """PEFT's name of a LoRA weight: `layers.3.attention.qkv_linear.wq.lora_a.weight` (model=native) or
+    `model.model.layers.3.self_attn.q_proj.lora_a.weight` (model=hf) ->
     `base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight`."""
     head, _, tail = fqn.partition(".lora_")
     which = {"a.weight": "lora_A.weight", "b.weight": "lora_B.weight"}[tail]
+    if head.startswith(_HF_BACKEND_LAYERS):
+        return f"base_model.model.{head.removeprefix('model.')}.{which}"
     _, layer, module = head.split(".", 2)
     return f"base_model.model.model.layers.{layer}.{_PEFT_MODULES[module]}.{which}"
 

@@ -2,7 +2,7 @@
 
 torchtitan 0.3.0's `experiments/transformers_modeling_backend` builds an `AutoModelForCausalLM`
 class from `hf_model`'s config.json on the meta device, parallelizes it and initialises it with
-`init_states`. qwen3exp adds three things, each for a stated reason:
+`init_states`. qwen3exp adds these, each for a stated reason:
 1. RoPE after meta init (UPSTREAM BUG, below): the rotary `inv_freq` buffer is recomputed.
 2. Attention. The backend routes attention through FlexAttention with a document-causal
    BlockMask; FlexAttention has no CPU backward and Trainium selects SDPA. `attention=sdpa` uses
@@ -13,6 +13,8 @@ class from `hf_model`'s config.json on the meta device, parallelizes it and init
 4. No code from model folders (UPSTREAM BUG, below): the backend passes `trust_remote_code=True`
    to transformers; qwen3exp refuses a config.json that asks for remote code and loads the config
    with `trust_remote_code=False`, so a model folder is read as data in every rank.
+5. peft=lora: adapters on transformers' projections (`qwen3exp.titan.hf_lora`: torchtitan's LoRA
+   converter rewrites torchtitan `Linear` configs, which this backend's model has none of).
 FSDP over gloo (plain SUM reductions) is applied by the caller, as for the native model.
 """
 
@@ -28,6 +30,7 @@ from torchtitan.experiments.transformers_modeling_backend import TitanModelConfi
 from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
 from transformers.configuration_utils import PretrainedConfig
 
+from qwen3exp.titan import hf_lora
 from qwen3exp.titan.hf_experts import HFQwen3StateDictAdapter
 from qwen3exp.titan.hf_moe import moe_load_balancing_hook, with_hf_moe_blocks
 from qwen3exp.titan.model import with_sum_reductions
@@ -151,6 +154,7 @@ class HFQwen3Model(HFTransformerModel):
     def init_states(self, *, buffer_device: torch.device | None = None) -> None:
         HFTransformerModel.init_states(self, buffer_device=buffer_device)
         fix_rotary_inv_freq(self.model)
+        hf_lora.init_adapters(self.model)  # peft=lora: the backend's init leaves them unset
 
 
 class HFQwen3SdpaModel(HFQwen3Model):
@@ -181,7 +185,9 @@ def hf_model_config(*, attention: str):
     return cls.Config(model_config=TitanModelConfig(attn_mask_type="block_causal"))
 
 
-def hf_model_spec(*, attention: str, force_sum_reductions: bool):
+def hf_model_spec(*, attention: str, force_sum_reductions: bool, lora=None):
+    """torchtitan's model spec; `lora` (a `peft=lora` section): LoRA adapters on transformers'
+    projections, the base frozen (`qwen3exp.titan.hf_lora`)."""
     from torchtitan.experiments.transformers_modeling_backend.parallelize import (  # lazy: the backend's parallelism
         parallelize_hf_transformers,
     )
@@ -193,6 +199,8 @@ def hf_model_spec(*, attention: str, force_sum_reductions: bool):
     parallelize = with_hf_moe_blocks(parallelize_hf_transformers)
     if force_sum_reductions:
         parallelize = with_sum_reductions(parallelize)
+    if lora is not None:
+        parallelize = hf_lora.with_adapters(parallelize, lora)
     return ModelSpec(
         name="transformers_modeling_backend",
         flavor="qwen3exp_" + attention,
@@ -200,5 +208,5 @@ def hf_model_spec(*, attention: str, force_sum_reductions: bool):
         parallelize_fn=parallelize,
         pipelining_fn=pipeline_hf_transformers,
         post_optimizer_build_fn=moe_load_balancing_hook,
-        state_dict_adapter=HFQwen3StateDictAdapter,
+        state_dict_adapter=HFQwen3StateDictAdapter if lora is None else hf_lora.HFLoraStateDictAdapter,
     )

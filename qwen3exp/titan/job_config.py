@@ -154,7 +154,11 @@ def _model(exp: Experiment, facts: PlatformFacts, arch: Arch):
 
             from qwen3exp.titan.hf_model import hf_model_spec  # lazy: imports torchtitan, torch and transformers
 
-            model_spec = hf_model_spec(attention=attention, force_sum_reductions=facts.force_sum_reductions)
+            model_spec = hf_model_spec(
+                attention=attention,
+                force_sum_reductions=facts.force_sum_reductions,
+                lora=exp.peft if exp.peft.kind == "lora" else None,
+            )
             return TransformersBackendConfig, {"hf_model": model_files.hf_model_folder(exp)[0]}, model_spec
     raise AssertionError(exp.model)
 
