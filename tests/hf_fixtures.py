@@ -212,7 +212,8 @@ def hf_losses_here(jobs: list[tuple]) -> list[float]:
 
 
 def in_fresh_process(name: str, *args):
-    """`<name>(*args)` of this module in a fresh Python process, its JSON result returned. Every
+    """`<name>(*args)` of this module (or `<module>.<name>` of another test module) in a fresh Python
+    process, its JSON result returned. Every
     transformers reference runs this way: once torchtitan's transformers backend has built a model in
     a process, it has replaced `PreTrainedModel._init_weights` process-wide (see
     qwen3exp/titan/hf_model.py) and `from_pretrained` there leaves the rotary buffers wrong, so an
@@ -225,12 +226,15 @@ def in_fresh_process(name: str, *args):
     import torch
 
     here = Path(__file__).resolve().parent
+    module, _, func = name.rpartition(".")
+    module = module or "hf_fixtures"
     with tempfile.TemporaryDirectory() as tmp:
         saved = Path(tmp) / "args.pt"
         torch.save(list(args), saved)
         code = (
-            f"import json, sys, torch; sys.path.insert(0, {str(here)!r}); import hf_fixtures; "
-            f"print(json.dumps(hf_fixtures.{name}(*torch.load({str(saved)!r}))))"
+            f"import json, sys, torch, importlib; sys.path.insert(0, {str(here)!r}); "
+            f"m = importlib.import_module({module!r}); "
+            f"print(json.dumps(getattr(m, {func!r})(*torch.load({str(saved)!r}))))"
         )
         env = dict(os.environ, PYTHONPATH=str(here.parent), HF_HUB_OFFLINE="1")
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
@@ -243,6 +247,19 @@ def masked_loss(folder: Path, inputs: list[list[int]], labels: list[list[int]], 
     adapter folder on top when given, and the shape `generate` returns for 4 new tokens after the
     first row's first 8 tokens; in a fresh process (`in_fresh_process`)."""
     return in_fresh_process("masked_loss_here", str(folder), inputs, labels, adapter and str(adapter))
+
+
+def lora_references(export: Path, inputs: list[list[int]], labels: list[list[int]]) -> list[dict]:
+    """`masked_loss` of PEFT on a LoRA export (its base and `adapter/`), then of its `merged/` folder
+    in plain transformers: both in one fresh process."""
+    return in_fresh_process("lora_references_here", str(export), inputs, labels)
+
+
+def lora_references_here(export: str, inputs, labels) -> list[dict]:
+    return [
+        masked_loss_here(export, inputs, labels, f"{export}/adapter"),
+        masked_loss_here(f"{export}/merged", inputs, labels, None),
+    ]
 
 
 def masked_loss_here(folder: str, inputs, labels, adapter: str | None) -> dict:
