@@ -450,6 +450,13 @@ CASES = [
         ("leaves 1 held-out conversation(s) for 2 data-parallel ranks",),
     ),
     Case(
+        "chat_a_rank_with_nothing_that_fits",
+        ("experiment=tiny_sft", "data.path={tmp}/odd_too_long.jsonl", "validation.enable=false"),
+        "training.seq_len",
+        "a seq_len each rank's conversations fit",
+        ("leaves data-parallel rank 1 of 2 no training conversation that fits",),
+    ),
+    Case(
         "ckpt_export_interval_without_interval_export",
         ("checkpoint=hf_export", "checkpoint.export_interval=5"),
         "checkpoint.export_interval",
@@ -465,6 +472,8 @@ def assets(tmp_path_factory) -> Path:
     (tmp / "corpus.csv").write_text("text\nhello\n")
     chats = (REPO / "qwen3exp" / "assets" / "chat" / "train.jsonl").read_text().splitlines()
     (tmp / "three_chats.jsonl").write_text("\n".join(chats[:3]) + "\n")
+    long = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "so " * 400}]})
+    (tmp / "odd_too_long.jsonl").write_text("".join(f"{c}\n{long}\n" for c in chats[:4]))
     big = tmp / "big_tokenizer"
     big.mkdir()
     tok = json.loads((TOKENIZER / "tokenizer.json").read_text())

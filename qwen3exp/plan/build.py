@@ -28,7 +28,17 @@ from typing import Any
 from qwen3exp.config.schema import Experiment
 from qwen3exp.config.sections.data import ChatData
 from qwen3exp.errors import ConfigError, Problem
-from qwen3exp.plan import chat_files, data_figures, data_files, hf_data_files, memory, model_files, placement, tracking
+from qwen3exp.plan import (
+    chat_files,
+    chat_packing,
+    data_figures,
+    data_files,
+    hf_data_files,
+    memory,
+    model_files,
+    placement,
+    tracking,
+)
 from qwen3exp.plan.batches import Batches, batch_problems, resolve_batches
 from qwen3exp.plan.checkpoint_verdict import CheckpointVerdict, checkpoint_verdict
 from qwen3exp.plan.memory_fit import memory_fit
@@ -138,7 +148,7 @@ def make_plan(
     params = Parameters(total, active, memory.params_per_rank(arch, mesh.degrees), arch.is_moe, trainable)
     mem, problems = memory_fit(exp, arch, mesh, facts, total, warnings)
     problems += _peft_problems(exp, arch.is_moe)
-    problems += chat_files.rank_problems(exp, mesh.dp_replicate * mesh.dp_shard)
+    problems += chat_packing.rank_problems(exp, mesh.dp_replicate * mesh.dp_shard, files.folder)
     verdict = checkpoint_verdict(exp, files, Path(run_dir))
     problems += _verdict_problems(exp, verdict)
     if problems:

@@ -223,24 +223,3 @@ def _epochs_text(s: ChatStats, exp, global_batch_size: int) -> str:
     ep = epochs(s, global_batch_size * steps, exp.validation.held_out)
     shown = "? epochs (conversations not counted)" if ep is None else f"{ep:.3g} epoch(s)"
     return f"{steps} steps x {global_batch_size} conversations = {shown}"
-
-
-def rank_problems(exp, dp: int) -> list[Problem]:
-    """data=chat: each of the `dp` data-parallel ranks reads every dp-th conversation of its side
-    (training, held out), so a side with fewer conversations than ranks leaves a rank with none and
-    it fails mid-run: refused here instead."""
-    d = exp.data
-    if not isinstance(d, ChatData) or (n := conversation_count(d.location)) is None:
-        return []
-    fraction = exp.validation.held_out
-    held = len(held_out(n, fraction)) if fraction is not None else 0
-    out = []
-    for side, count, key, fix in (
-        ("training", n - held, "data.path", "more conversations, or fewer ranks"),
-        ("held-out", held, "validation.fraction", "a larger validation.fraction, validation.path, or fewer ranks"),
-    ):
-        if (side == "training" or fraction is not None) and count < dp:
-            value = d.path if key == "data.path" else fraction
-            why = f"leaves {count} {side} conversation(s) for {dp} data-parallel ranks: a rank would read none"
-            out.append(Problem(key, value, why, f"at least {dp} {side} conversations (one per rank)", fix))
-    return out

@@ -1,4 +1,5 @@
-"""data.pack=true in the plan: how many sequences the training conversations pack into.
+"""data=chat as the ranks deal it out: how many sequences the training conversations pack into
+(data.pack=true), and whether every data-parallel rank gets conversations (`rank_problems`).
 
 The ranks' packing is replayed on the conversations' lengths: the training side of the held-out
 split, dealt out round-robin to the data-parallel ranks, each rank's conversations in file order
@@ -17,6 +18,8 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
+from qwen3exp.config.sections.data import ChatData
+from qwen3exp.errors import Problem
 from qwen3exp.plan import chat_files
 from qwen3exp.plan.chat_render import fit, load_tokenizer, messages_of, packs, records, render
 from qwen3exp.plan.data_files import held_out
@@ -62,6 +65,27 @@ def _packing(key: tuple, folder: str, seq_len: int, dp: int, fraction: float | N
     return Packing(round(sequences * total * (1 - (fraction or 0.0)) / len(lines)), fill, False)
 
 
+def fitting_per_rank(data, tokenizer_folder: str | Path, seq_len: int, dp: int, fraction: float | None) -> list[int]:
+    """How many training conversations each of the `dp` data-parallel ranks gets that fit
+    training.seq_len (data.max_len_policy); [] when the conversations are not all counted."""
+    files = chat_files.chat_files(data.location)
+    stamp = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    key = (data.location, data.messages_field, data.loss_on, data.max_len_policy)
+    return _fitting(key, str(tokenizer_folder), seq_len, dp, fraction, stamp)
+
+
+@functools.lru_cache(maxsize=16)
+def _fitting(key: tuple, folder: str, seq_len: int, dp: int, fraction: float | None, _stamp: tuple) -> list[int]:
+    path, field, loss_on, policy = key
+    lines = [line for _, _, line in records(path, chat_files.MAX_CHECKED)]
+    if chat_files.conversation_count(path) != len(lines):
+        return []
+    held = set(held_out(len(lines), fraction)) if fraction is not None else set()
+    train = [line for i, line in enumerate(lines) if i not in held]
+    sizes = _sizes(load_tokenizer(folder), train, field, loss_on, policy, seq_len)
+    return [sum(n is not None for n in sizes[rank::dp]) for rank in range(dp)]
+
+
 def _sizes(tok, lines: list[str], field: str, loss_on: str, policy: str, seq_len: int) -> list[int | None]:
     """The positions each conversation fills (its tokens less one), None for one the ranks drop."""
     conversations = [messages_of(line, field) for line in lines]
@@ -75,4 +99,38 @@ def _sizes(tok, lines: list[str], field: str, loss_on: str, policy: str, seq_len
             out.append(None)
         else:  # truncate: cut to seq_len + 1 tokens, dropped when the cut trains nothing
             out.append(None if fit(render(tok, m, loss_on), seq_len, policy) is None else seq_len)
+    return out
+
+
+def rank_problems(exp, dp: int, tokenizer_folder: Path) -> list[Problem]:
+    """data=chat: each of the `dp` data-parallel ranks reads every dp-th conversation of its side
+    (training, held out), so a side with fewer conversations than ranks, or a rank none of whose
+    training conversations fits training.seq_len, leaves a rank with nothing and it fails mid-run:
+    refused here instead."""
+    d = exp.data
+    if not isinstance(d, ChatData) or (n := chat_files.conversation_count(d.location)) is None:
+        return []
+    fraction = exp.validation.held_out
+    held = len(held_out(n, fraction)) if fraction is not None else 0
+    out = []
+    for side, count, key, fix in (
+        ("training", n - held, "data.path", "more conversations, or fewer ranks"),
+        ("held-out", held, "validation.fraction", "a larger validation.fraction, validation.path, or fewer ranks"),
+    ):
+        if (side == "training" or fraction is not None) and count < dp:
+            value = d.path if key == "data.path" else fraction
+            why = f"leaves {count} {side} conversation(s) for {dp} data-parallel ranks: a rank would read none"
+            out.append(Problem(key, value, why, f"at least {dp} {side} conversations (one per rank)", fix))
+    if out:
+        return out
+    fitting = fitting_per_rank(d, tokenizer_folder, exp.training.seq_len, dp, fraction)
+    if fitting and min(fitting) == 0:
+        rank = fitting.index(0)
+        why = (
+            f"leaves data-parallel rank {rank} of {dp} no training conversation that fits "
+            f"(data.max_len_policy={d.max_len_policy}): it would fail at its first step"
+        )
+        fix = "a larger training.seq_len, data.max_len_policy=truncate, or fewer ranks"
+        allowed = "a seq_len each rank's conversations fit"
+        out.append(Problem("training.seq_len", exp.training.seq_len, why, allowed, fix))
     return out
