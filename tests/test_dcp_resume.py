@@ -156,6 +156,17 @@ def test_killed_run_resumes_exactly(tmp_path):
     # most the whole process's (issue 22: it started when torchrun did).
     assert launch_seconds(run_dir) <= s["wall_seconds"] <= took, (launch_seconds(run_dir), s["wall_seconds"], took)
 
+    # Another run starting from this run's last dcp step (checkpoint.load=dcp): trained weights, no resume.
+    step_dir = run_dir / rundir.CHECKPOINT / f"step-{STEPS}"
+    other = tmp_path / "from_dcp"
+    same_model = [a for a in args if not a.startswith(("checkpoint=", "training.warmup_steps="))]
+    loaded = run_cli(*same_model, "checkpoint.load=dcp", f"checkpoint.path={step_dir}", "training.steps=1",
+                     "training.warmup_steps=1", f"hydra.run.dir={other}", timeout=600)  # fmt: skip
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    first = read_summary(other)
+    assert first["weights_loaded"] and first["weights_source"] == str(step_dir) and first["resumed_from_step"] is None
+    assert first["step1_loss"] < expected[1], (first["step1_loss"], expected[1])
+
 
 def _stopped_quietly(out: str, run_dir: Path, saved: int, last: dict) -> list[str]:
     """Ctrl-C ends with one line (the last completed step and its loss, what is saved, the command

@@ -101,6 +101,12 @@ def full_disk(run_dir: Path, error: str) -> str | None:
     return f"the disk that holds {run_dir} is full ({room})"
 
 
+def loaded_weights(exp: Experiment, hf_weights: Path | None) -> Path | None:
+    """What step 0 loaded: the Hugging Face folder (checkpoint.load=hf), the dcp step (load=dcp)."""
+    c = exp.checkpoint
+    return hf_weights if c.load == "hf" else Path(str(c.path)).expanduser() if c.load == "dcp" else None
+
+
 class SummaryReserve:
     """Disk space held for the summary while the ranks run: a disk they fill (checkpoints, logs,
     another program) still gets its summary.json, written after this space is given back. Made
@@ -138,7 +144,7 @@ def summarize(
     rows = metrics_file.read_metrics(run_dir)
     val = metrics_file.read_validation(run_dir)
     step1 = next((r["loss"] for r in rows if r["step"] == 1), None)
-    weights = plan.files.weights
+    weights = loaded_weights(plan.exp, plan.files.weights)
     last_loss = rows[-1]["loss"] if rows else None
     val_loss = val[-1]["val_loss"] if val else None
     tps = objective.mean_tokens_per_second(rows)
