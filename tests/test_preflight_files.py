@@ -206,7 +206,6 @@ def test_data_check_is_bounded(tmp_path, monkeypatch):
 # ===================================================================== non-finite numbers
 _UNION_TAGS = {
     "model": "backend",
-    "checkpoint": "kind",
     "platform": "name",
     "data": "source",
     "launcher": "kind",
