@@ -1,5 +1,5 @@
 """The command line: `qwen3exp [overrides]` (`-m` for a sweep, `dry_run=true` to plan) and the
-commands `qwen3exp init | report | diff | relaunch | data show`.
+commands `qwen3exp init | report | diff | chat | relaunch | data show`.
 
 Hydra's flags are read first (`config.argv.parse_argv`: a flag no check would see is refused);
 `--help` is qwen3exp's own (every group and key), `--cfg`, `--info` and `--hydra-help` are Hydra's;
@@ -20,13 +20,19 @@ from qwen3exp.analysis import diff, relaunch, report
 from qwen3exp.config.argv import parse_argv
 from qwen3exp.config.precheck import check_files
 from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError
-from qwen3exp.launchers import data_show
+from qwen3exp.launchers import chat_dcp, data_show
 from qwen3exp.launchers.command import checked_launch, run_hydra
 from qwen3exp.launchers.job import COMMAND_ENV
 from qwen3exp.launchers.state import Terminated, on_sigterm
 from qwen3exp.run import console
 
-COMMANDS = {"init": scaffold.main, "report": report.main, "diff": diff.main, "data": data_show.main}
+COMMANDS = {
+    "init": scaffold.main,
+    "report": report.main,
+    "diff": diff.main,
+    "chat": chat_dcp.main,
+    "data": data_show.main,
+}
 """The commands besides a launch (and `relaunch`, which launches again through `main`)."""
 
 

@@ -26,6 +26,7 @@ usage: qwen3exp [group=option ...] [key=value ...]     (python -m qwen3exp is th
   qwen3exp report PATH [PATH ...]         the table (and report.md/csv, plots) of runs, sweeps; compares runs
   qwen3exp diff RUN_A RUN_B               the keys that differ between two runs
   qwen3exp data show [overrides] [-n N]   the first training samples, the tokens the loss trains marked
+  qwen3exp chat RUN [--prompt TEXT] [--compare RUN_B]   talk to a run's model (its export, else its DCP checkpoint)
   qwen3exp relaunch RUN [overrides]       run a recorded run again and compare the losses
   qwen3exp --version                      qwen3exp's, torchtitan's, torch's and hydra-core's versions
   qwen3exp --hydra-help | --cfg job | --info | --shell-completion    Hydra's own answers

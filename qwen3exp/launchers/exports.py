@@ -11,7 +11,7 @@ from pathlib import Path
 from qwen3exp.config.schema import Experiment
 from qwen3exp.plan import model_files
 from qwen3exp.plan.build import Plan
-from qwen3exp.run import console
+from qwen3exp.run import console, rundir
 from qwen3exp.titan import hf_export
 
 
@@ -56,4 +56,4 @@ def finish_export(plan: Plan, run_dir: Path) -> dict:
 
 def lora_merged_folder(exp: Experiment) -> str:
     """The merged weights' folder inside an export (checkpoint.merge_lora), "" when none is written."""
-    return hf_export.MERGED_FOLDER if exp.checkpoint.merge_lora and exp.peft.kind == "lora" else ""
+    return rundir.MERGED if exp.checkpoint.merge_lora and exp.peft.kind == "lora" else ""

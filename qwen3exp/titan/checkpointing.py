@@ -16,8 +16,8 @@ from pathlib import Path
 import torch.distributed as dist
 from torchtitan.components.checkpoint import AsyncMode, CheckpointManager
 
-from qwen3exp.run import signing
-from qwen3exp.titan import hf_export, lora
+from qwen3exp.run import rundir, signing
+from qwen3exp.titan import lora
 
 # What torch says when `LambdaLR.get_lr()` is called outside `step()` (torch/optim/lr_scheduler.py).
 _GET_LR_OUTSIDE_STEP = re.escape("To get the last learning rate computed by the scheduler")
@@ -57,9 +57,7 @@ class KeepLatestCheckpointManager(CheckpointManager):
         adapter = json.loads(self._export.adapter) if self._export.adapter else None
         if adapter is not None and self._export.merge_lora:
             merged = lora.merged(states, scaling=adapter["alpha"] / adapter["rank"], dtype=self.export_dtype)
-            self.dcp_save(
-                merged, checkpoint_id=str(folder / hf_export.MERGED_FOLDER), async_mode=AsyncMode.DISABLED, to_hf=True
-            )
+            self.dcp_save(merged, checkpoint_id=str(folder / rundir.MERGED), async_mode=AsyncMode.DISABLED, to_hf=True)
         base = {k: v for k, v in weights.items() if not lora.is_adapter(k)}
         self.dcp_save(
             base, checkpoint_id=str(folder), async_mode=AsyncMode.DISABLED, enable_garbage_collection=True, to_hf=True

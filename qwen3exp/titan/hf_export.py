@@ -215,11 +215,6 @@ def verify(folder: Path, *, tied: bool) -> dict:
     return report
 
 
-ADAPTER_FOLDER = "adapter"
-"""The PEFT adapter folder of a peft=lora export: `<export folder>/adapter/`."""
-MERGED_FOLDER = "merged"
-"""checkpoint.merge_lora: the merged weights' Hugging Face folder inside an export."""
-
 _PEFT_MODULES = {
     "attention.qkv_linear.wq": "self_attn.q_proj",
     "attention.qkv_linear.wk": "self_attn.k_proj",

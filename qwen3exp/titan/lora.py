@@ -21,6 +21,7 @@ from functools import cache
 from pathlib import Path
 
 from qwen3exp.config.sections.peft import Lora
+from qwen3exp.run import rundir
 from qwen3exp.titan import hf_export
 
 TITAN_NAMES = {
@@ -155,7 +156,7 @@ def save_adapter(state_dict: dict, folder: Path, adapter: dict, dtype) -> None:
         tensors[hf_export.peft_key(fqn)] = full.detach().to(dtype).cpu().contiguous()
     if dist.is_initialized() and dist.get_rank() != 0:
         return
-    out = folder / hf_export.ADAPTER_FOLDER
+    out = folder / rundir.ADAPTER
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
     config = hf_export.adapter_config(**adapter, base=str(folder))
