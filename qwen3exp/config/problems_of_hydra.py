@@ -73,15 +73,22 @@ def problems_from_compose_error(e: Exception, parsed: list, base) -> list[Proble
                     source=f"command line {ov.input_line}",
                 )
             )
-    if not problems:
-        msg = str(e)
-        first = msg.strip().splitlines()[0] if msg.strip() else type(e).__name__
-        problems.append(
-            Problem(
-                parsed[0].key_or_group if parsed else "(composition)",
-                " ".join(o.input_line for o in parsed),
-                first,
-                source="command line",
-            )
-        )
-    return problems
+    return problems or [_unattributed(e, parsed)]
+
+
+def _unattributed(e: Exception, parsed: list) -> Problem:
+    """A composition error that names no unknown key: Hydra's first line. A `+key=...` of a key that
+    exists is attributed to that override (Hydra names it)."""
+    msg = str(e)
+    first = msg.strip().splitlines()[0] if msg.strip() else type(e).__name__
+    for ov in parsed:
+        if ov.is_add() and f"already at '{ov.key_or_group}'" in msg:
+            value = ov.get_value_element_as_str()
+            hint = f"set it without '+': {ov.key_or_group}={value}"
+            return Problem(ov.key_or_group, value, first, None, hint, source=f"command line {ov.input_line}")
+    return Problem(
+        parsed[0].key_or_group if parsed else "(composition)",
+        " ".join(o.input_line for o in parsed),
+        first,
+        source="command line",
+    )
