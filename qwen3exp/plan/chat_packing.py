@@ -36,16 +36,20 @@ class Packing:
     """Every conversation was packed (else `sequences` is scaled from the first ones)."""
 
 
-def packing(data, tokenizer_folder: str | Path, seq_len: int, dp: int, fraction: float | None) -> Packing:
-    """data.pack's figures for `dp` data-parallel ranks and the held-out `fraction` (None: no split)."""
+def _cache_key(data) -> tuple[tuple, tuple]:
+    """What the cached figures depend on: the data keys, and each file's size and mtime."""
     files = chat_files.chat_files(data.location)
     stamp = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
-    key = (data.location, data.messages_field, data.loss_on, data.max_len_policy)
-    return _packing(key, str(tokenizer_folder), seq_len, dp, fraction, stamp)
+    return (data.location, data.messages_field, data.loss_on, data.max_len_policy), stamp
+
+
+def packing(data, tokenizer_folder: str | Path, seq_len: int, dp: int, fraction: float | None) -> Packing:
+    """data.pack's figures for `dp` data-parallel ranks and the held-out `fraction` (None: no split)."""
+    return _packing(*_cache_key(data), str(tokenizer_folder), seq_len, dp, fraction)
 
 
 @functools.lru_cache(maxsize=16)
-def _packing(key: tuple, folder: str, seq_len: int, dp: int, fraction: float | None, _stamp: tuple) -> Packing:
+def _packing(key: tuple, _stamp: tuple, folder: str, seq_len: int, dp: int, fraction: float | None) -> Packing:
     path, field, loss_on, policy = key
     tok = load_tokenizer(folder)
     lines = [line for _, _, line in records(path, chat_files.MAX_CHECKED)]
@@ -68,14 +72,11 @@ def _packing(key: tuple, folder: str, seq_len: int, dp: int, fraction: float | N
 def fitting_per_rank(data, tokenizer_folder: str | Path, seq_len: int, dp: int, fraction: float | None) -> list[int]:
     """How many training conversations each of the `dp` data-parallel ranks gets that fit
     training.seq_len (data.max_len_policy); [] when the conversations are not all counted."""
-    files = chat_files.chat_files(data.location)
-    stamp = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
-    key = (data.location, data.messages_field, data.loss_on, data.max_len_policy)
-    return _fitting(key, str(tokenizer_folder), seq_len, dp, fraction, stamp)
+    return _fitting(*_cache_key(data), str(tokenizer_folder), seq_len, dp, fraction)
 
 
 @functools.lru_cache(maxsize=16)
-def _fitting(key: tuple, folder: str, seq_len: int, dp: int, fraction: float | None, _stamp: tuple) -> list[int]:
+def _fitting(key: tuple, _stamp: tuple, folder: str, seq_len: int, dp: int, fraction: float | None) -> list[int]:
     path, field, loss_on, policy = key
     lines = [line for _, _, line in records(path, chat_files.MAX_CHECKED)]
     if chat_files.conversation_count(path) != len(lines):
