@@ -23,6 +23,8 @@ usage: qwen3exp [group=option ...] [key=value ...]     (python -m qwen3exp is th
   qwen3exp -m key=a,b [overrides]         a sweep (Hydra multirun); hydra/sweeper=optuna for a search
   qwen3exp -cd DIR ...                    add your own config folder (experiments, group options)
   qwen3exp init [DIR]                     a repository of experiments of your own
+  qwen3exp ls [-cd DIR]                   the experiments: packaged and yours, each with its description
+  qwen3exp cp NAME [NEW] [-cd DIR]        copy a packaged experiment into conf/experiment/NEW.yaml to edit
   qwen3exp report PATH [PATH ...]         the table (and report.md/csv, plots) of runs, sweeps; compares runs
   qwen3exp diff RUN_A RUN_B               the keys that differ between two runs
   qwen3exp data show [overrides] [-n N]   the first training samples, the tokens the loss trains marked

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,12 +15,13 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 
 from qwen3exp.config import credentials
+from qwen3exp.config.slips import flag_hint, word_problems
 from qwen3exp.errors import ConfigError, Problem, nearby_path
 
 CONF_DIR = (Path(__file__).parent.parent / "conf").resolve()
 """The packaged config groups: in a wheel, qwen3exp/conf; in the source tree a link to conf/."""
 CONFIG_NAME = "config"
-GROUPS = ("model", "parallelism", "kernels", "checkpoint", "platform", "data", "peft", "launcher", "experiment")
+GROUPS = ("model", "parallelism", "kernels", "checkpoint", "platform", "data", "peft", "eval", "launcher", "experiment")
 LAUNCHER_TARGET = "hydra_plugins.qwen3exp_launcher.launcher.Qwen3expLauncher"
 """qwen3exp's Hydra launcher (conf: hydra/launcher=qwen3exp): it checks every batch of jobs."""
 LAUNCHER_OVERRIDE = "hydra/launcher=qwen3exp"
@@ -115,9 +117,10 @@ _VALUE_FLAGS = {
 }
 
 
-def parse_argv(argv: list[str]) -> Invocation:
+def parse_argv(argv: list[str], commands: Sequence[str] = ()) -> Invocation:
     """Hydra's command line, as qwen3exp runs it; raises ConfigError for a flag it does not run
-    through the checks (exit 2 before anything starts)."""
+    through the checks, and for a slip (`config.slips`: a mistyped command of `commands`, `key value`,
+    `--dry-run`, ...) with the command that was meant (exit 2 before anything starts)."""
     inv = Invocation()
     problems: list[Problem] = []
     config_dirs: list[str] = []
@@ -137,7 +140,10 @@ def parse_argv(argv: list[str]) -> Invocation:
         elif flag in _INFO_FLAGS:
             inv.info_flags += _info_flag(args, arg, flag)
         elif arg.startswith("-") and arg not in ("-r", "--run"):  # run mode is the default
-            problems.append(Problem("(command line)", arg, "unknown flag", _FLAG_ALLOWED))
+            hint, took_value = flag_hint(arg, args.peek(), [*_INFO_FLAGS, *_VALUE_FLAGS, "--multirun", "--verbose"])
+            problems.append(Problem("(command line)", arg, "unknown flag", _FLAG_ALLOWED, hint))
+            if took_value:  # `--name x`: x is the flag's value, not a word of its own
+                args.next()
         elif not arg.startswith("-"):
             inv.overrides.append(arg)
     if any(f in ("--package", "-p") for f in inv.info_flags) and not any(
@@ -151,6 +157,10 @@ def parse_argv(argv: list[str]) -> Invocation:
                 "--cfg job|hydra|all --package PKG",
             )
         )
+    own = (
+        bool(config_dirs) or inv.config_dir != CONF_DIR or any(o.startswith("hydra.searchpath=") for o in inv.overrides)
+    )
+    problems += word_problems(inv.overrides, argv, commands, GROUPS, CONF_DIR, own_dirs=own)
     dirs = _config_dirs(config_dirs, problems)
     if problems:
         raise ConfigError(problems)
