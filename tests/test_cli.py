@@ -109,11 +109,40 @@ def test_console_is_quiet_plain_and_shows_progress(trained):
     assert "qwen3exp: validation at step 10: loss" in r.stdout
     assert "qwen3exp: training from step 1" in r.stdout and "qwen3exp: building the model (qwen3 tiny)" in r.stdout
     assert re.search(r"not shown: \d+ known warnings, \d+ torchtitan info lines", r.stdout)
-    assert lines[-1].startswith(f"qwen3exp: completed: {run}  last loss ") and "val loss" in lines[-1]
+    # The ending: the outcome, then at most 3 lines (memory warning, nothing saved, the next command).
+    done = next(i for i, line in enumerate(lines) if line.startswith(f"qwen3exp: completed: {run}  last loss "))
+    assert "val loss" in lines[done] and len(lines) - done <= 4, lines[done:]
+    assert lines[-1].startswith(f"qwen3exp: next: qwen3exp report {run}  |  "), lines[-1]
     log = (run / "qwen3exp.log").read_text()
     assert "2 rank(s) on cpu" in log and "the plan of tiny_native:" in log and "training.steps  " in log
     assert "[DEBUG] command: " in log and "qwen3exp.worker.main" in log
     assert "qwen3exp: step 12/12" in log and f"qwen3exp: completed: {run}" in log
+
+
+def test_the_run_keeps_score(trained):
+    """summary.json: the plan's per-rank memory (plan.json), the peak over the logged steps and both
+    ranks (each rank's logs/memory_rank<R>.json), their ratio; the ending shows them, warns above
+    1.15x (on the CPU the plan leaves out each process's runtime, so it does today), says that the
+    default run saved no checkpoint and names the next commands."""
+    from qwen3exp.units import GIB
+
+    run, r = trained
+    s = read_summary(run)
+    plan = json.loads((run / "plan.json").read_text())
+    assert s["memory_predicted_gib"] == plan["memory"]["total"] / GIB
+    peaks = {p.name: json.loads(p.read_text()) for p in (run / "logs").glob("memory_rank*.json")}
+    assert sorted(peaks) == ["memory_rank0.json", "memory_rank1.json"], peaks
+    top = max(peaks.values(), key=lambda p: p["peak_gib"])
+    assert s["memory_measured_gib"] == top["peak_gib"] and s["memory_measured_rank"] == top["rank"]
+    assert peaks["memory_rank0.json"]["peak_gib"] == max(row["memory_gib"] for row in read_metrics(run))
+    assert s["memory_ratio"] == s["memory_measured_gib"] / s["memory_predicted_gib"]
+    lines = r.stdout.splitlines()
+    ending = lines[next(i for i, line in enumerate(lines) if line.startswith(f"qwen3exp: completed: {run}")) :]
+    ratio = f"{s['memory_ratio']:.2f}x"
+    assert f"peak memory {s['memory_measured_gib']:.2f} GiB per rank (plan " in ending[0] and ratio in ending[0]
+    assert [line for line in ending if "under-estimates" in line] == ([ending[1]] if s["memory_ratio"] > 1.15 else [])
+    assert "qwen3exp: no checkpoint was saved (checkpoint=none); add checkpoint=dcp to keep the weights" in ending
+    assert ending[-1] == f"qwen3exp: next: qwen3exp report {run}  |  qwen3exp relaunch {run} (runs it again)"
 
 
 def test_verbose_shows_every_line_and_three_steps_complete(verbose_run):
@@ -226,7 +255,7 @@ def test_help_documents_every_key_group_and_command(overrides):
         assert f"qwen3exp {command}" in r.stdout, command
     # the schema's docstrings, with types and this composition's values
     assert "training.lr (float > 0) = 0.003" in r.stdout
-    assert "sweep.objective (val_loss|last_loss|tokens_per_second or null) = null" in r.stdout
+    assert "sweep.objective (str or null) = null" in r.stdout
 
 
 def test_version_names_what_it_runs_with():

@@ -1,7 +1,8 @@
 """`python -m qwen3exp.analysis.report PATH [PATH ...]`: what runs, sweeps or folders of runs did.
 
 One row per run: the keys that differ between the runs' resolved experiments (the "varied keys"),
-then status, steps, final loss, validation loss, tokens/s, peak memory and wall time. Runs that
+then status, steps, final loss, validation loss, tokens/s, the plan's per-rank memory next to the
+peak the ranks measured and their ratio (`qwen3exp.run.scorecard`), and wall time. Runs that
 recorded an objective (`sweep.objective`, in summary.json) are ranked by it, best first, and the
 best is named with the command that reruns it. Several PATHs make one table of all their runs;
 exactly two runs also get a comparison: the experiment keys that differ (`qwen3exp diff`'s) and the
@@ -28,6 +29,7 @@ from pathlib import Path
 from qwen3exp.analysis.compare import Comparison, compare, render_comparison, render_comparison_markdown
 from qwen3exp.analysis.plots import PNG_MARK, plot_losses, plot_throughput
 from qwen3exp.analysis.report_table import (
+    EARLIER_METRIC_COLUMNS,
     METRIC_COLUMNS,
     Table,
     best_line,
@@ -74,7 +76,9 @@ def _written_by_report(path: Path) -> bool:
         return head.startswith(MARK.encode() + b"\n")
     if path.name == REPORT_CSV:
         first = head.split(b"\n", 1)[0].decode("utf-8", "replace")
-        return first.startswith("run,") and first.endswith(",".join(METRIC_COLUMNS))
+        return first.startswith("run,") and any(
+            first.endswith(",".join(columns)) for columns in (METRIC_COLUMNS, *EARLIER_METRIC_COLUMNS)
+        )
     return head.startswith(PNG) and PNG_MARK in head
 
 

@@ -19,7 +19,25 @@ from qwen3exp.analysis.runs import Run, compared, varied_keys
 from qwen3exp.errors import printable
 from qwen3exp.run import objective, rundir
 
-METRIC_COLUMNS = ("status", "steps", "final loss", "val loss", "tokens/s", "peak mem GiB", "wall s")
+METRIC_COLUMNS = (
+    "status",
+    "steps",
+    "final loss",
+    "val loss",
+    "tokens/s",
+    "plan mem GiB",
+    "peak mem GiB",
+    "mem ratio",
+    "wall s",
+)
+"""The plan's per-rank memory estimate, the peak the ranks measured and their ratio sit side by side:
+every run checks the estimate (`qwen3exp.run.scorecard`)."""
+EARLIER_METRIC_COLUMNS = (("status", "steps", "final loss", "val loss", "tokens/s", "peak mem GiB", "wall s"),)
+"""The columns of report.csv files earlier versions wrote: still recognised as report's own."""
+SCORE_FORMATS = {"plan mem GiB": "{:.2f}", "mem ratio": "{:.2f}x"}
+"""The format of the score columns (`qwen3exp.analysis.cells.FORMATS` has the others)."""
+NUMERIC = ("steps", *FORMATS, *SCORE_FORMATS)
+"""The columns aligned to the right."""
 
 
 @dataclass
@@ -68,7 +86,9 @@ def table(runs: list[Run], *, root: Path | None = None, status: dict[Path, str] 
                 r.final_loss,
                 r.val_loss,
                 r.tokens_per_second,
+                r.predicted_memory_gib,
                 r.peak_memory_gib,
+                r.memory_ratio,
                 r.wall_seconds,
             ]
         )
@@ -100,8 +120,14 @@ def _label(path: Path, root: Path | None) -> str:
     return Path(path).name
 
 
+def _cell(column: str, value: Any) -> str:
+    if column in SCORE_FORMATS and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return SCORE_FORMATS[column].format(value)
+    return cell(column, value)
+
+
 def _cells(t: Table) -> list[list[str]]:
-    return [[cell(c, v) for c, v in zip(t.header, row, strict=True)] for row in t.rows]
+    return [[_cell(c, v) for c, v in zip(t.header, row, strict=True)] for row in t.rows]
 
 
 def render_terminal(t: Table, *, max_rows: int | None = None, max_cell: int = 48) -> str:
@@ -122,7 +148,7 @@ def render_terminal(t: Table, *, max_rows: int | None = None, max_cell: int = 48
     if max_rows is not None and len(cells) > max_rows:
         more, cells = len(cells) - max_rows, cells[:max_rows]
     widths = [max(len(x) for x in col) for col in zip(header, *cells, strict=True)]
-    numeric = {i for i, h in enumerate(t.header) if h in ("steps", *FORMATS)} | ({0} if t.varied else set())
+    numeric = {i for i, h in enumerate(t.header) if h in NUMERIC} | ({0} if t.varied else set())
 
     def line(row):
         return "  ".join(
@@ -136,7 +162,7 @@ def render_terminal(t: Table, *, max_rows: int | None = None, max_cell: int = 48
 
 
 def render_markdown(t: Table) -> str:
-    numeric = {h for h in t.header if h in ("steps", *FORMATS)}
+    numeric = {h for h in t.header if h in NUMERIC}
     out = [
         "| " + " | ".join(esc(h) for h in t.header) + " |",
         "| " + " | ".join("---:" if h in numeric else "---" for h in t.header) + " |",

@@ -73,8 +73,28 @@ class Run:
 
     @property
     def peak_memory_gib(self) -> float | None:
+        """The peak the ranks measured: summary.json's `memory_measured_gib` (every rank's,
+        `qwen3exp.run.scorecard`); for a run recorded before runs kept score, the largest
+        `memory_gib` of metrics.jsonl (the metrics rank's)."""
+        measured = self._summary_number("memory_measured_gib")
+        if measured is not None:
+            return measured
         values = [m["memory_gib"] for m in self.metrics if m.get("memory_gib") is not None]
         return max(values) if values else None
+
+    @property
+    def predicted_memory_gib(self) -> float | None:
+        """The plan's per-rank memory estimate (summary.json's `memory_predicted_gib`)."""
+        return self._summary_number("memory_predicted_gib")
+
+    @property
+    def memory_ratio(self) -> float | None:
+        """Measured / predicted peak memory (summary.json's `memory_ratio`)."""
+        return self._summary_number("memory_ratio")
+
+    def _summary_number(self, key: str) -> float | None:
+        value = self.summary.get(key) if self.summary else None
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
     @property
     def wall_seconds(self) -> float | None:

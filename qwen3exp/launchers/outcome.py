@@ -6,6 +6,10 @@
   directory's disk is full, the error says so first.
 - `summary.json` is written atomically, also on a disk the ranks filled: the launcher holds room
   for it while they run (`SummaryReserve`) and gives it back once they are gone.
+- `summary.json` keeps score: the plan's per-rank memory next to the peak the ranks measured and
+  their ratio (`qwen3exp.run.scorecard`); a run whose peak exceeds the plan by more than 15% says
+  so in one line. A run that was not stopped ends by naming the next command (and, when it kept no
+  weights, saying so): `qwen3exp.launchers.next_steps`.
 - A run stopped by Ctrl-C or SIGTERM ends with one line: the last completed step and its loss,
   what is saved, and the command that resumes (`stopped_line`); torchrun's shutdown output is
   not shown (`qwen3exp.run.progress.Watch`).
@@ -22,11 +26,22 @@ from pathlib import Path
 
 from qwen3exp.config.argv import quote_value
 from qwen3exp.config.schema import Experiment
-from qwen3exp.launchers import sweep
+from qwen3exp.launchers import next_steps, sweep
 from qwen3exp.plan.build import Plan
 from qwen3exp.plan.nodes import Placement
 from qwen3exp.plan.placement import nodes_of
-from qwen3exp.run import console, diagnosis, identity, metrics_file, objective, provenance, redact, rundir, timelimit
+from qwen3exp.run import (
+    console,
+    diagnosis,
+    identity,
+    metrics_file,
+    objective,
+    provenance,
+    redact,
+    rundir,
+    scorecard,
+    timelimit,
+)
 from qwen3exp.titan.overrides import merge_applied
 
 EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -161,6 +176,8 @@ def summarize(
         "first_val_loss": val[0]["val_loss"] if val else None,
         "val_step": val[-1]["step"] if val else None,
         "tokens_per_second": tps,
+        # The plan's per-rank memory next to the peak the ranks measured (qwen3exp.run.scorecard).
+        **scorecard.memory_score(plan.memory.total, run_dir / rundir.LOGS, wall=wall),
         "objective": objective.record(
             metric, direction, objective.value_of(metric, last_loss=last_loss, val_loss=val_loss, tokens_per_second=tps)
         ),
@@ -206,7 +223,9 @@ def write_summary(path: Path, summary: dict) -> None:
 
 
 def say(summary: dict, run_dir: Path) -> None:
-    """The outcome line of a run that was not stopped by a signal."""
+    """How a run that was not stopped by a signal ends, in at most 4 lines: the outcome (with the
+    error of a failed run), the warning of a plan that under-estimated its memory
+    (`qwen3exp.run.scorecard`), and what was saved and the next command (`next_steps`)."""
     log = console.logger("qwen3exp.launch")
     status, last, val, error = summary["status"], summary["last_loss"], summary["val_loss"], summary["error"]
     export = summary.get("export") or {}
@@ -218,6 +237,7 @@ def say(summary: dict, run_dir: Path) -> None:
     outcome = (
         f"qwen3exp: {status}: {run_dir}  last loss {last if last is None else f'{last:.4f}'}"
         + (f"  val loss {val:.4f}" if val is not None else "")
+        + scorecard.outcome_part(summary)
         + f"  wall {summary['wall_seconds']:.1f}s"
         + (f" (of which {', '.join(phases)})" if phases else "")
         + (f"\n  error: {error}" if error else "")
@@ -228,6 +248,10 @@ def say(summary: dict, run_dir: Path) -> None:
         log.error(outcome)
     else:  # requeued, stopped at the time limit
         log.warning(outcome)
+    if (under := scorecard.warning(summary)) is not None:
+        log.warning(under)
+    for line in next_steps.lines(summary, run_dir):
+        log.info(line)
 
 
 def stopped_line(
