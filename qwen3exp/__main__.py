@@ -1,3 +1,3 @@
-from qwen3exp.cli import entry
+from qwen3exp.entry import entry
 
 entry()

@@ -1,9 +1,10 @@
 """The command line: `qwen3exp [overrides]` (`-m` for a sweep, `dry_run=true` to plan) and the
-commands `qwen3exp init | report | diff | chat | relaunch | data show`.
+commands `qwen3exp init | ls | cp | report | diff | chat | eval | relaunch | data show`.
 
 Hydra's flags are read first (`config.argv.parse_argv`: a flag no check would see is refused);
 `--help` is qwen3exp's own (every group and key), `--cfg`, `--info` and `--hydra-help` are Hydra's;
-everything else is a launch (`launchers.command`).
+everything else is a launch (`launchers.command`). A word that is no override (`reprot`, `train`,
+`training.lr 1e-3`, `x.yaml`) is a slip named with the command that was meant (`config.slips`).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from importlib import metadata
 
 from qwen3exp import help, scaffold
 from qwen3exp.analysis import diff, relaunch, report
+from qwen3exp.config import catalog
 from qwen3exp.config.argv import parse_argv
 from qwen3exp.config.precheck import check_files
 from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError
-from qwen3exp.launchers import chat_dcp, data_show
+from qwen3exp.launchers import chat_dcp, data_show, eval_command
 from qwen3exp.launchers.command import checked_launch, run_hydra
 from qwen3exp.launchers.job import COMMAND_ENV
 from qwen3exp.launchers.state import Terminated, on_sigterm
@@ -28,9 +30,12 @@ from qwen3exp.run import console
 
 COMMANDS = {
     "init": scaffold.main,
+    "ls": catalog.main_ls,
+    "cp": catalog.main_cp,
     "report": report.main,
     "diff": diff.main,
     "chat": chat_dcp.main,
+    "eval": eval_command.main,
     "data": data_show.main,
 }
 """The commands besides a launch (and `relaunch`, which launches again through `main`)."""
@@ -50,7 +55,7 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None) -> 
     os.environ[COMMAND_ENV] = json.dumps(command)
     console.command_started()  # a run's wall time is the command's (launchers.local)
     try:
-        inv = parse_argv(argv)
+        inv = parse_argv(argv, commands=[*COMMANDS, "relaunch"])
         if inv.info_flags in (["--help"], ["-h"]):  # qwen3exp's own help: commands, groups, every key
             print(help.render(inv))
             return 0

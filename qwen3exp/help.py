@@ -29,10 +29,12 @@ usage: qwen3exp [group=option ...] [key=value ...]     (python -m qwen3exp is th
   qwen3exp diff RUN_A RUN_B               the keys that differ between two runs
   qwen3exp data show [overrides] [-n N]   the first training samples, the tokens the loss trains marked
   qwen3exp chat RUN [--prompt TEXT] [--compare RUN_B]   talk to a run's model (its export, else its DCP checkpoint)
+  qwen3exp eval RUN [--tasks T,..] [--limit N]   lm-evaluation-harness on a run's export (as eval=lm_eval)
   qwen3exp relaunch RUN [overrides]       run a recorded run again and compare the losses
   qwen3exp --version                      qwen3exp's, torchtitan's, torch's and hydra-core's versions
-  qwen3exp --hydra-help | --cfg job | --info | --shell-completion    Hydra's own answers
-  eval "$(qwen3exp -sc install=bash)"     tab completion of groups and keys (the console script)
+  qwen3exp --hydra-help | --cfg job | --info            Hydra's own answers
+  eval "$(qwen3exp -sc install=bash)"     tab completion: commands, groups, options (yours with -cd DIR), keys;
+                                          fish: qwen3exp -sc install=fish | source
 """
 
 DOCS = "Docs: the README shipped with qwen3exp (pip show -f qwen3exp), sections Configuration and Commands."

@@ -12,7 +12,7 @@ An experiment goes through these stages, in this order (the rank of each package
   6  titan                   the torchtitan adapter: the ONLY package that imports torchtitan
   7  worker                  a rank's entry point (torchrun starts it)
   8  launchers               local, SLURM and sweeps
-  9  cli, api, scaffold, help, __main__, hydra_plugins   the front ends
+  9  cli, api, scaffold, help, entry, completion(_keys), __main__, hydra_plugins   the front ends
 A module may import a module of its own rank or a lower one, at top level or lazily inside a
 function (a lazy import is still a dependency: it runs whenever that code path does). So each stage
 can be read, tested and imported without the later ones, and the front end, the config and a dry
@@ -66,6 +66,9 @@ RANKS: dict[str, int] = {
     "qwen3exp.scaffold": 9,
     "qwen3exp.help": 9,
     "qwen3exp.__main__": 9,
+    "qwen3exp.entry": 9,
+    "qwen3exp.completion": 9,
+    "qwen3exp.completion_keys": 9,
     "hydra_plugins": 9,
 }
 """A module's rank is that of the longest dotted prefix listed (qwen3exp.plan.memory: qwen3exp.plan)."""
@@ -477,6 +480,10 @@ LAZY_LIBRARIES: dict[str, str] = {
     "hydra_plugins.hydra_submitit_launcher": "submitit behind it: only for launcher=slurm",
     "hydra_plugins.hydra_joblib_launcher": "joblib behind it: only for sweep.parallel_jobs > 1",
     "joblib": "only for sweep.parallel_jobs > 1",
+    "qwen3exp.cli": "the launchers, the analysis and Hydra (seconds): qwen3exp.entry answers a shell's TAB "
+    "without them and imports the command line for everything else",
+    "qwen3exp.config.schema": "pydantic builds every section's model at import (0.4 s): a TAB reads the schema's "
+    "keys from a cache (qwen3exp.completion_keys) and imports the schema only to rebuild it",
 }
 """The libraries that may be imported inside a function (longest dotted prefix, like `RANKS`), each
 with the reason it stays lazy: heavy or optional, across the torch/torchtitan boundary."""
