@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from hf_fixtures import write_checkpoint
+
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
 
@@ -96,3 +98,23 @@ def reference_losses(tmp_path_factory) -> list[float]:
     losses = [row["loss"] for row in read_metrics(run)]
     assert len(losses) == 6
     return losses
+
+
+@pytest.fixture(scope="session")
+def sft_run(tmp_path_factory) -> Path:
+    """One real 2-rank tiny SFT run (model=native, 3 steps, validation off, local batch 4) that
+    loads a transformers checkpoint (`hf_fixtures.write_checkpoint`, tied, seed 3: the run's
+    `ckpt` folder beside it), saves a signed DCP checkpoint and a float32 Hugging Face export of its
+    last step. Shared by tests/test_sft.py (its step-1 loss) and tests/test_chat.py (its answers)."""
+    root = tmp_path_factory.mktemp("sft")
+    ckpt, path = write_checkpoint(root / "ckpt", tied=True, seed=3), root / "run"
+    r = run_cli(
+        "experiment=tiny_sft", "model.flavor=auto", f"model.hf_assets_path={ckpt}", "checkpoint=hf_roundtrip",
+        "checkpoint.save=true", "checkpoint.dtype=float32", "platform=cpu", "platform.threads_per_rank=1",
+        "training.steps=3", "training.warmup_steps=1", "training.local_batch_size=4", "validation.enable=false",
+        "metrics.tensorboard=false", f"hydra.run.dir={path}",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert (path / "export" / "step-3" / "config.json").is_file()
+    assert (path / "checkpoint" / "step-3" / ".metadata").is_file()
+    return path

@@ -5,10 +5,9 @@ chat cannot use exit 2 with one line."""
 
 from __future__ import annotations
 
+import io
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,25 +25,10 @@ FOLLOW_UP = "and then?"
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    """One tiny SFT run (3 steps) with a float32 Hugging Face export of its last step and a signed DCP
-    checkpoint of it."""
-    path = tmp_path_factory.mktemp("chat") / "sft"
-    r = run_cli(
-        "experiment=tiny_sft",
-        "checkpoint=hf_export",
-        "checkpoint.save=true",
-        "checkpoint.dtype=float32",
-        "training.steps=3",
-        "training.warmup_steps=1",
-        "validation.enable=false",
-        "metrics.tensorboard=false",
-        f"hydra.run.dir={path}",
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert (path / "export" / "step-3" / "config.json").is_file()
-    assert (path / "checkpoint" / "step-3" / ".metadata").is_file()
-    return path
+def run(sft_run) -> Path:
+    """conftest.py's shared tiny SFT run: a float32 Hugging Face export of its step 3 and a signed
+    DCP checkpoint of it."""
+    return sft_run
 
 
 def dcp_only(run: Path, to: Path) -> Path:
@@ -93,13 +77,19 @@ def reference(run) -> dict:
     return in_fresh_process("test_chat.reference_answers", str(run / "export" / "step-3"), PROMPT, NEW, SEED)
 
 
-def chat(*args: str, stdin: str | None = None):
-    """`qwen3exp chat ARGS` in a subprocess; `stdin`: the text it reads (else run_cli's, no input)."""
-    if stdin is None:
-        return run_cli("chat", *args)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    cmd = [sys.executable, "-m", "qwen3exp", "chat", *args]
-    return subprocess.run(cmd, input=stdin, capture_output=True, text=True, env=env, timeout=600)
+def chat(*args: str):
+    """`qwen3exp chat ARGS` in a subprocess, the way a user runs it."""
+    return run_cli("chat", *args)
+
+
+def chat_here(capsys, monkeypatch, *args: str, stdin: str = "") -> tuple[int, str, str]:
+    """`qwen3exp chat ARGS` in this process (the same `cli.main`, without a new interpreter's torch
+    and transformers imports), reading `stdin`: (exit code, stdout, stderr)."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    capsys.readouterr()
+    code = cli.main(["chat", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 @pytest.mark.slow
@@ -112,17 +102,18 @@ def test_prompt_answer_equals_transformers_generate(run, reference):
 
 
 @pytest.mark.slow
-def test_a_run_with_only_a_dcp_checkpoint_answers_like_its_export(run, reference, tmp_path):
+def test_a_run_with_only_a_dcp_checkpoint_answers_like_its_export(run, reference, tmp_path, capsys, monkeypatch):
     """model=native without an export: the signed DCP checkpoint, converted in-process, gives
     transformers' answer on the export of the same step (the same float32 weights)."""
-    r = chat(str(dcp_only(run, tmp_path / "dcp")), "--prompt", PROMPT, "--max-new-tokens", str(NEW))
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout == reference[f"greedy-{SEED}"]["text"] + "\n"
-    assert "Warning" not in r.stderr, r.stderr[-3000:]
+    dcp = str(dcp_only(run, tmp_path / "dcp"))
+    code, out, err = chat_here(capsys, monkeypatch, dcp, "--prompt", PROMPT, "--max-new-tokens", str(NEW))
+    assert code == 0, err[-3000:]
+    assert out == reference[f"greedy-{SEED}"]["text"] + "\n"
+    assert "Warning" not in err, err[-3000:]
 
 
 @pytest.mark.slow
-def test_sampling_is_seeded_and_compare_prints_both_runs(run, reference, tmp_path):
+def test_sampling_is_seeded_and_compare_prints_both_runs(run, reference, tmp_path, capsys, monkeypatch):
     """Sampled with a seed: both runs' answers equal transformers' after torch.manual_seed(seed),
     which differs from the next seed's (so the seed is what makes it reproducible)."""
     sampled, other = reference[f"sampled-{SEED}"], reference[f"sampled-{SEED + 1}"]
@@ -130,21 +121,22 @@ def test_sampling_is_seeded_and_compare_prints_both_runs(run, reference, tmp_pat
     twin = tmp_path / "twin"
     shutil.copytree(run, twin, ignore=shutil.ignore_patterns("checkpoint", "logs"))
     args = ["--prompt", PROMPT, "--max-new-tokens", str(NEW), "--temperature", "1", "--seed", str(SEED)]
-    r = chat(str(run), *args, "--compare", str(twin))
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout == (
+    code, out, err = chat_here(capsys, monkeypatch, str(run), *args, "--compare", str(twin))
+    assert code == 0, err[-3000:]
+    assert out == (
         f"=== {run} ({run / 'export' / 'step-3'}) ===\n{sampled['text']}\n"
         f"=== {twin} ({twin / 'export' / 'step-3'}) ===\n{sampled['text']}\n"
     )
 
 
 @pytest.mark.slow
-def test_interactive_loop_keeps_the_conversation_until_exit(run, reference):
+def test_interactive_loop_keeps_the_conversation_until_exit(run, reference, capsys, monkeypatch):
     """Each line is a user message answered with the conversation so far (the second answer is
     transformers' to the whole history); a blank line is skipped, nothing after /exit is read."""
-    r = chat(str(run), "--max-new-tokens", str(NEW), stdin=f"{PROMPT}\n\n{FOLLOW_UP}\n/exit\nnever read\n")
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout == f"{reference[f'greedy-{SEED}']['text']}\n{reference['follow-up']}\n"
+    stdin = f"{PROMPT}\n\n{FOLLOW_UP}\n/exit\nnever read\n"
+    code, out, err = chat_here(capsys, monkeypatch, str(run), "--max-new-tokens", str(NEW), stdin=stdin)
+    assert code == 0, err[-3000:]
+    assert out == f"{reference[f'greedy-{SEED}']['text']}\n{reference['follow-up']}\n"
 
 
 def refused(capsys, *args: str) -> str:
@@ -198,14 +190,14 @@ def test_runs_without_loadable_weights_exit_2(run, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_a_tokenizer_without_a_chat_template_exits_2(run, tmp_path):
+def test_a_tokenizer_without_a_chat_template_exits_2(run, tmp_path, capsys, monkeypatch):
     no_template = tmp_path / "no_template"
     shutil.copytree(run, no_template, ignore=shutil.ignore_patterns("checkpoint", "logs"))
     config = no_template / "export" / "step-3" / "tokenizer_config.json"
     data = json.loads(config.read_text())
     data.pop("chat_template")
     config.write_text(json.dumps(data))
-    r = chat(str(no_template), "--prompt", "x")
-    assert r.returncode == 2 and r.stdout == "", (r.stdout, r.stderr[-2000:])
-    assert r.stderr.startswith("qwen3exp chat: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
-    assert "the tokenizer has no chat template" in r.stderr
+    code, out, err = chat_here(capsys, monkeypatch, str(no_template), "--prompt", "x")
+    assert code == 2 and out == "", (out, err[-2000:])
+    assert err.startswith("qwen3exp chat: ") and len(err.strip().splitlines()) == 1, err[-2000:]
+    assert "the tokenizer has no chat template" in err

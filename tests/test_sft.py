@@ -144,21 +144,25 @@ def test_bad_conversations_and_a_tokenizer_without_template_exit_2(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["native", "hf"])
-def test_tiny_sft_step1_loss_equals_transformers_on_the_masked_batch(tmp_path, backend):
+def test_tiny_sft_step1_loss_equals_transformers_on_the_masked_batch(request, tmp_path, backend):
     """2 ranks, each backend, weights from a transformers checkpoint: the step-1 loss (torchtitan's
     sum over the trained labels of both ranks / their count) equals transformers' mean loss on the
     same 8 sequences, rebuilt here from the rendered conversations: rank r reads conversations
-    r, r+2, ... (validation off: no held-out split), padded, labels -100 except trained tokens."""
-    ckpt = write_checkpoint(tmp_path / "ckpt", tied=True, seed=3)
-    run_dir = tmp_path / "run"
-    r = run_cli(
-        "experiment=tiny_sft", "model.flavor=auto" if backend == "native" else "model=hf",
-        f"model.hf_assets_path={ckpt}", "checkpoint=hf_load",
-        "platform=cpu", "platform.threads_per_rank=1", "training.steps=2", "training.warmup_steps=1",
-        "training.local_batch_size=4", "validation.enable=false", "metrics.tensorboard=false",
-        f"hydra.run.dir={run_dir}",
-    )  # fmt: skip
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    r, r+2, ... (validation off: no held-out split), padded, labels -100 except trained tokens.
+    model=native: the shared `sft_run` (conftest.py: the same settings, also used by test_chat.py)."""
+    if backend == "native":
+        run_dir = request.getfixturevalue("sft_run")
+        ckpt = run_dir.parent / "ckpt"
+    else:
+        ckpt = write_checkpoint(tmp_path / "ckpt", tied=True, seed=3)
+        run_dir = tmp_path / "run"
+        r = run_cli(
+            "experiment=tiny_sft", "model=hf", f"model.hf_assets_path={ckpt}", "checkpoint=hf_load",
+            "platform=cpu", "platform.threads_per_rank=1", "training.steps=2", "training.warmup_steps=1",
+            "training.local_batch_size=4", "validation.enable=false", "metrics.tensorboard=false",
+            f"hydra.run.dir={run_dir}",
+        )  # fmt: skip
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert read_summary(run_dir)["world_size"] == 2
     step1 = read_metrics(run_dir)[0]["loss"]
     tok, seq_len = load_tokenizer(ckpt), 192
