@@ -19,6 +19,8 @@ import pytest
 
 from conftest import REPO, read_summary
 
+pytestmark = pytest.mark.slow  # every test shares the wheel installed into a fresh virtualenv (and one trains)
+
 MY_MODEL = """\
 # A new option of the packaged model group: the tiny flavor cut to one layer.
 backend: native
@@ -184,7 +186,6 @@ def test_a_typo_in_the_users_repo_is_exit_2(installed, form):
     assert not (installed["repo"] / "outputs").exists()
 
 
-@pytest.mark.slow
 def _finish(proc: subprocess.Popen, timeout: float = 600) -> subprocess.CompletedProcess:
     try:
         out, err = proc.communicate(timeout=timeout)

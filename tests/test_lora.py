@@ -69,6 +69,7 @@ def test_plan_trainable_parameters_and_memory():
         _plan("experiment=tiny_lora", "model.flavor=tiny_moe", "peft.targets=[q_proj,gate_proj]")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["native", "hf"])
 def test_tiny_lora_trains_adapters_only_and_peft_loads_them(tmp_path, backend):
     """Both backends: model=native (torchtitan's converter) and model=hf (qwen3exp/titan/hf_lora.py)."""
