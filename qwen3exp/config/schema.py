@@ -21,6 +21,7 @@ from qwen3exp.config.rules import cross_field_problems, rule_problems
 from qwen3exp.config.sections.base import Strict
 from qwen3exp.config.sections.checkpoint import Checkpoint
 from qwen3exp.config.sections.data import BundledData, Data, Validation
+from qwen3exp.config.sections.eval import Eval, NoEval
 from qwen3exp.config.sections.kernels import Kernels
 from qwen3exp.config.sections.launcher import Launcher, LocalLauncher
 from qwen3exp.config.sections.metrics import Metrics
@@ -28,7 +29,7 @@ from qwen3exp.config.sections.model import Model
 from qwen3exp.config.sections.parallelism import Parallelism
 from qwen3exp.config.sections.peft import NoPeft, Peft
 from qwen3exp.config.sections.platform import AutoPlatform, Platform
-from qwen3exp.config.sections.sweep import OBJECTIVES, Sweep
+from qwen3exp.config.sections.sweep import Sweep
 from qwen3exp.config.sections.training import Training
 from qwen3exp.config.translate import problems_from_validation, value_at
 from qwen3exp.errors import MISSING, ConfigError, Problem
@@ -50,6 +51,7 @@ class Experiment(Strict):
     platform: Platform = AutoPlatform()
     data: Data = BundledData()
     peft: Peft = NoPeft()
+    eval: Eval = NoEval()
     launcher: Launcher = LocalLauncher()
     metrics: Metrics = Metrics()
     validation: Validation = Validation()
@@ -59,7 +61,7 @@ class Experiment(Strict):
     def objective(self) -> tuple[str, str]:
         """(metric, direction) each job returns to the sweeper (`sweep.objective`, resolved)."""
         metric = self.sweep.objective or ("val_loss" if self.validation.enable else "last_loss")
-        return metric, OBJECTIVES[metric]
+        return metric, self.sweep.direction_of(metric)
 
 
 SECTIONS: dict[str, Any] = {
@@ -71,6 +73,7 @@ SECTIONS: dict[str, Any] = {
     "platform": Platform,
     "data": Data,
     "peft": Peft,
+    "eval": Eval,
     "launcher": Launcher,
     "metrics": Metrics,
 }

@@ -62,14 +62,16 @@ def _wait_until_free(run_dir: Path, timeout_s: float) -> None:
 
 
 def _reset_metrics(exp: Experiment, run_dir: Path) -> int | None:
-    """Node 0, before any rank starts: a fresh run starts an empty metrics.jsonl; a run resuming
-    from a checkpoint keeps the rows up to that step (the later ones are trained again).
+    """Node 0, before any rank starts: a fresh run starts an empty metrics.jsonl (and no samples.jsonl);
+    a run resuming from a checkpoint keeps the rows (and answers) up to that step (the later ones are
+    trained again).
     Returns the step resumed from."""
     step = rundir.latest_checkpoint_step(run_dir) if exp.checkpoint.resumable else None
     if step is None:
         (run_dir / rundir.METRICS).unlink(missing_ok=True)
     else:
         metrics_file.truncate_metrics(run_dir, step)
+    metrics_file.truncate_samples(run_dir, step)
     return step
 
 

@@ -25,29 +25,34 @@ from collections.abc import Callable, Mapping, Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
+from qwen3exp.config.parallel_rules import context_parallel_problems
 from qwen3exp.config.schema import Experiment
 from qwen3exp.config.sections.data import ChatData
 from qwen3exp.errors import ConfigError, Problem
 from qwen3exp.plan import (
+    auto_resolve,
     chat_files,
     chat_packing,
     data_figures,
     data_files,
+    eval_tasks,
     hf_data_files,
     memory,
     model_files,
     placement,
+    sample_prompts,
     tracking,
 )
+from qwen3exp.plan.auto_layout import Layout, attention
 from qwen3exp.plan.batches import Batches, batch_problems, resolve_batches
 from qwen3exp.plan.checkpoint_verdict import CheckpointVerdict, checkpoint_verdict
-from qwen3exp.plan.memory_fit import memory_fit
+from qwen3exp.plan.memory_fit import DoesNotFit, memory_fit
 from qwen3exp.plan.mesh import Mesh, mesh_problems, resolve_mesh
 from qwen3exp.plan.model_files import ModelFiles
 from qwen3exp.plan.model_sources import ModelSections
 from qwen3exp.plan.nodes import Placement
 from qwen3exp.plan.resolved import Parameters, Plan, Prepared
-from qwen3exp.platforms import PlatformFacts, experiment_problems, resolve
+from qwen3exp.platforms import PlatformFacts, experiment_problems, neuron_cache, resolve
 from qwen3exp.run.redact import redact_argv
 
 # The kernels group (qwen3exp/kernels/) and the checkpoint group fill these hooks. They must stay
@@ -135,7 +140,7 @@ def make_plan(
     in memory is a problem, unless `exp.dry_run` (then it is a loud warning in `Plan.warnings`).
     `env`: the scheduler's environment for the node placement (default: this process's);
     `claims_of`: the kernel override matcher (see `ClaimsOf`), needed when kernels are active."""
-    files, facts, mesh, batches, claims, where = _resolve_stages(exp, env, claims_of)
+    files, facts, mesh, batches, claims, where, exp, layout = _resolve_stages(exp, env, claims_of)
     arch = files.arch
     warnings: list[str] = []
     if facts.devices_per_node is not None and mesh.nproc_per_node > facts.devices_per_node:
@@ -147,12 +152,13 @@ def make_plan(
     trainable = memory.trainable_of(arch, exp.peft)
     params = Parameters(total, active, memory.params_per_rank(arch, mesh.degrees), arch.is_moe, trainable)
     mem, problems = memory_fit(exp, arch, mesh, facts, total, warnings)
+    fit = list(problems)
     problems += _peft_problems(exp, arch.is_moe)
     problems += chat_packing.rank_problems(exp, mesh.dp_replicate * mesh.dp_shard, files.folder)
     verdict = checkpoint_verdict(exp, files, Path(run_dir))
     problems += _verdict_problems(exp, verdict)
     if problems:
-        raise ConfigError(problems)
+        raise DoesNotFit(problems) if problems == fit else ConfigError(problems)
     nnodes, nproc, folder = mesh.nnodes, mesh.nproc_per_node, Path(run_dir)
     commands = placement.torchrun_commands(exp, where, nnodes=nnodes, nproc_per_node=nproc, run_dir=folder)
     command = placement.torchrun_argv(exp, where, nnodes=nnodes, nproc_per_node=nproc, run_dir=folder)
@@ -160,7 +166,7 @@ def make_plan(
         name=exp.name,
         run_dir=str(run_dir),
         overrides=list(overrides),
-        platform=facts,
+        platform=neuron_cache.for_graph(facts, exp, arch, mesh, batches),  # Neuron: the graph's compile cache
         mesh=mesh,
         batches=batches,
         arch=arch,
@@ -175,8 +181,9 @@ def make_plan(
         kernel_claims=claims,
         command=command,
         launch_notes=placement.notes(exp, where),
-        provenance=provenance.table(exp.model_dump(mode="json")) if provenance is not None else [],
+        provenance=auto_resolve.sources(provenance, exp, layout),
         warnings=warnings,
+        layout=layout,
         data=data_figures.figures(exp, files.folder, batches).as_json(),
     )
 
@@ -198,9 +205,10 @@ def _verdict_problems(exp: Experiment, verdict: CheckpointVerdict) -> list[Probl
 
 def _resolve_stages(
     exp: Experiment, env: Mapping[str, str] | None, claims_of: ClaimsOf | None
-) -> tuple[ModelFiles, PlatformFacts, Mesh, Batches, list[dict], Placement]:
-    """The model files, platform, mesh, batches, kernel claims and node placement; raise ConfigError
-    naming the problems of every stage that can be checked."""
+) -> tuple[ModelFiles, PlatformFacts, Mesh, Batches, list[dict], Placement, Experiment, Layout | None]:
+    """The model files, platform, mesh, batches, kernel claims, node placement and the experiment with
+    its `auto` keys chosen; raise ConfigError naming the problems of every stage that can be checked
+    (DoesNotFit when the only one is that no layout of the `auto` keys fits)."""
     problems: list[Problem] = []
     try:
         files = model_files.check(exp)  # the architecture, tokenizer vocab, weights' headers
@@ -208,6 +216,10 @@ def _resolve_stages(
         problems += e.problems
         files = None
     arch = files.arch if files is not None else None
+    # A real launch checks the device here (exit 2 when it is missing); a dry run plans from tables.
+    facts = resolve(exp.platform, nproc_per_node=exp.launcher.nproc_per_node, dry_run=exp.dry_run)
+    moe = arch is not None and arch.is_moe
+    exp, layout, unfit = auto_resolve.attempt(exp, arch, facts, lambda e: _peft_problems(e, moe))
     if not isinstance(exp.data, ChatData):  # data=chat's own checks follow (chat_files)
         problems += data_files.data_problems(exp.data, exp.validation)
     problems += hf_data_files.hf_problems(exp.data, exp.training, exp.validation)
@@ -215,10 +227,12 @@ def _resolve_stages(
         exp.data, exp.validation, files.folder if files else None, exp.training.seq_len
     )
     problems += data_figures.eos_problems(exp.data, files.folder if files else None)
+    problems += sample_prompts.problems(exp, files.folder if files else None)
+    problems += eval_tasks.problems(exp)  # eval=lm_eval: lm-eval, the export, each task and its data
     problems += tracking.check(exp)
-    # A real launch checks the device here (exit 2 when it is missing); a dry run plans from tables.
-    facts = resolve(exp.platform, nproc_per_node=exp.launcher.nproc_per_node, dry_run=exp.dry_run)
-    problems += experiment_problems(exp, facts)
+    problems += experiment_problems(exp, facts) + context_parallel_problems(
+        exp.model, exp.parallelism, attention(exp, facts)
+    )
     mesh, ps = mesh_problems(exp.parallelism, exp.launcher, facts)
     problems += ps
     batches = None
@@ -226,7 +240,7 @@ def _resolve_stages(
         batches, ps = batch_problems(exp.training, mesh)
         problems += ps
     claims: list[dict] = []
-    if not problems and arch is not None and mesh is not None and batches is not None:
+    if not problems and not unfit and arch is not None and mesh is not None and batches is not None:
         try:
             claims = kernel_claims(exp, facts, claims_of)
         except ConfigError as e:
@@ -236,9 +250,9 @@ def _resolve_stages(
     except ConfigError as e:
         problems += e.problems
         where = None
-    if problems or files is None or mesh is None or batches is None or where is None:
-        raise ConfigError(problems)
-    return files, facts, mesh, batches, claims, where
+    if problems or unfit or files is None or mesh is None or batches is None or where is None:
+        raise DoesNotFit(unfit) if unfit and not problems else ConfigError(problems + unfit)
+    return files, facts, mesh, batches, claims, where, exp, layout
 
 
 def prepare(exp: Experiment, env: Mapping[str, str] | None = None, claims_of: ClaimsOf | None = None) -> Prepared:
@@ -247,6 +261,7 @@ def prepare(exp: Experiment, env: Mapping[str, str] | None = None, claims_of: Cl
     unless kernel overrides are active). A launch runs `make_plan`'s Plan instead."""
     files = model_files.check(exp)
     facts = resolve(exp.platform, nproc_per_node=exp.launcher.nproc_per_node, dry_run=exp.dry_run)
+    exp = auto_resolve.resolve(exp, files.arch, facts, lambda e: _peft_problems(e, files.arch.is_moe))[0]
     problems = experiment_problems(exp, facts) + tracking.check(exp)
     if problems:
         raise ConfigError(problems)

@@ -11,7 +11,16 @@ from __future__ import annotations
 import shlex
 import sys
 
-from qwen3exp.plan import chat_files, data_figures, hf_data_files, memory, sample_marks
+from qwen3exp.plan import (
+    chat_files,
+    data_figures,
+    eval_tasks,
+    hf_data_files,
+    memory,
+    sample_marks,
+    sample_prompts,
+)
+from qwen3exp.platforms import neuron_cache
 from qwen3exp.run.console import colour_allowed
 from qwen3exp.units import human_bytes as _human
 
@@ -59,6 +68,7 @@ def render(plan, provenance_diff=None, *, title: str | None = None) -> str:
         _platform_lines(plan),
         _model_lines(plan),
         _memory_lines(plan),
+        _layout_lines(plan),
         _training_lines(plan),
         _launch_lines(plan),
     ):
@@ -96,6 +106,7 @@ def _platform_lines(plan) -> list[str]:
     env = {**f.env, **{k: f"{plan.run_dir}/{v}" for k, v in f.run_dir_env.items()}}
     if env:
         lines.append(f"rank env:   {' '.join(f'{k}={v}' for k, v in env.items())}")
+    lines += neuron_cache.plan_lines(plan)  # Neuron: whether this job's graph is in the compile cache
     return lines + [
         f"mesh:       {m.nnodes} node(s) x {m.nproc_per_node} ranks per node ({m.nproc_from}) "
         f"= world size {m.world_size}",
@@ -145,9 +156,41 @@ def _memory_lines(plan) -> list[str]:
         f"{mem.compute_dtype} + float32 grads",
         f"  activations    {_human(mem.activations):>12}   {mem.tokens_per_microbatch} tokens per micro-batch, "
         f"{mem.compute_dtype}, activation_checkpoint={mem.activation_checkpoint}",
-        f"  total          {_human(mem.total):>12}   of {_human(mem.usable)} usable "
+        f"  total          {_human(mem.total):>12}",
+        f"  transients     {_human(mem.transients):>12}   a step's highest point beyond the total (loss chunks, "
+        "head gradients, optimizer temporaries)",
+        f"  step peak      {_human(mem.total + mem.transients):>12}   of {_human(mem.usable)} usable "
         f"({int(memory.USABLE_FRACTION * 100)}% of {_human(mem.budget)}); headroom {_human(mem.headroom)}: "
         f"{verdict}",
+        f"  measured peak  {_human(mem.peak):>12}   what the platform measures per rank: step peak + "
+        f"{_human(mem.retained)} kept by the allocator + {_human(mem.runtime)} runtime (summary.json compares)",
+    ]
+
+
+def _layout_lines(plan) -> list[str]:
+    """What parallelism=auto / training.*=auto chose, the fastest candidates and why the winner won."""
+    lay, f = plan.layout, plan.platform
+    if lay is None:
+        return []
+    chosen = " ".join(f"{k}={v}" for k, v in lay.chosen.items())
+    lines = [
+        f"auto layout: {chosen}",
+        f"  {lay.meshes} mesh(es) torchtitan accepts, {lay.considered} layout(s) estimated, {lay.fitting} fit; "
+        f"why this one: {lay.why}",
+        f"  {'':2} {'layout':<48} {'memory':>10} {'step':>9} {'tokens/s':>10} {'compute':>9} {'exposed':>9} "
+        f"{'FSDP':>9}",
+    ]
+    for i, c in enumerate(lay.top):
+        k = c.cost
+        lines.append(
+            f"  {'*' if i == 0 else ' '}{i + 1} {c.describe():<48} {_human(c.memory):>10} {k.step_s:>8.3g}s "
+            f"{k.tokens_per_s:>10,.0f} {k.compute_s:>8.3g}s {k.exposed_s:>8.3g}s {k.hidden_s:>8.3g}s"
+        )
+    rates = f"{(f.sustained_flops_per_rank or 0) / 1e12:g} TFLOP/s, {(f.link_bytes_per_s or 0) / 1e9:g} GB/s in a node"
+    return [
+        *lines,
+        f"  predicted by qwen3exp/plan/layout_cost.py from {f.name}'s stated rates per rank ({rates}, "
+        f"{(f.network_bytes_per_s or 0) / 1e9:g} GB/s between nodes); FSDP traffic runs behind compute",
     ]
 
 
@@ -170,6 +213,8 @@ def _training_lines(plan) -> list[str]:
         *data_figures.plan_lines(plan),
         f"schedule:   {t.steps} steps, lr {t.lr:g}, warm-up {t.warmup} step(s) ({why}), {t.decay_type} decay",
         f"validation: {validation_line(plan.exp)}",
+        *([f"samples:    {cost}"] if (cost := sample_prompts.cost_line(plan.exp)) else []),
+        *([f"evaluation: {line}"] if (line := eval_tasks.plan_line(plan.exp)) else []),
         f"objective:  {metric} ({direction}d; sweep.objective"
         + (")" if plan.exp.sweep.objective else ", null: val_loss with validation on, else last_loss)"),
     ]

@@ -1,5 +1,6 @@
 """metrics.jsonl, read back: its training and validation rows, the lines that are no metrics row,
-and cutting it at the step a resumed run starts from (the run writes it: `qwen3exp.titan.metrics`)."""
+and cutting it (and samples.jsonl) at the step a resumed run starts from (the run writes them:
+`qwen3exp.titan.metrics`)."""
 
 from __future__ import annotations
 
@@ -75,3 +76,18 @@ def truncate_metrics(run_dir: Path, last_step: int) -> None:
     """Keep the metrics rows up to `last_step` (a resumed run appends the later steps again)."""
     rows = [r for r in metrics_rows(run_dir) if r.get("step", 0) <= last_step]
     rundir.atomic_write_text(run_dir / rundir.METRICS, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def truncate_samples(run_dir: Path, last_step: int | None) -> None:
+    """samples.jsonl before any rank starts: a fresh run (`last_step` None) starts without one; a
+    resumed run keeps the answers of the steps up to `last_step` (its validations after it run again)."""
+    path = run_dir / rundir.SAMPLES
+    if last_step is None or not path.is_file():
+        path.unlink(missing_ok=True)
+        return
+    try:
+        rows = [r for _, r in records.json_lines(path) if isinstance(r, dict)]
+    except records.Unreadable:
+        rows = []
+    kept = [r for r in rows if type(r.get("step")) is int and r["step"] <= last_step]
+    rundir.atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))

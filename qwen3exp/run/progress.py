@@ -23,8 +23,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from qwen3exp.run import console, noise
+from qwen3exp.run import console, noise, rundir
 from qwen3exp.run.noise import RankLine
+from qwen3exp.run.sample_lines import SampleLines
 
 PHASES: tuple[tuple[str, str], ...] = (
     (r"^Building device mesh with parallelism: (?P<a>.*)$", "setting up the device mesh ({a})"),
@@ -174,6 +175,8 @@ class Watch:
         self.ranks = console.logger("qwen3exp.ranks")
         self.filter = noise.RankFilter(verbose=verbose, stopping=stopping)
         self.progress = Progress(metrics, total_steps, self.say) if node_rank == 0 else None
+        # eval.samples: the first line of each validation's first answer, after the validation's line.
+        self.samples = SampleLines(Path(metrics).parent / rundir.SAMPLES, self.say) if node_rank == 0 else None
         self._phase: str | None = None
 
     def say(self, text: str, live: bool) -> None:
@@ -194,6 +197,8 @@ class Watch:
     def tick(self) -> None:
         if self.progress is not None:
             self.progress.poll()
+        if self.samples is not None:
+            self.samples.poll()
 
     def finish(self) -> None:
         """The last rows; what was left out, in one line (after a stop in qwen3exp.log only: the

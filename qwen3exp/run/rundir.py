@@ -5,9 +5,9 @@ parameters, memory estimate, overrides, commands, where each value came from), t
 (`platform.json`), the torchtitan config (`torchtitan_config.json`), the exact command
 (`command.txt`), where it came from (`provenance.json`, and `git.diff` when the source tree had
 local changes), Hydra's `.hydra/`, `metrics.jsonl`, `summary.json`, per-rank logs under `logs/`,
-the `[Override]` lines torchtitan logged (`overrides_applied.json`, when kernels overrides are active)
-and, when checkpointing is on, `checkpoint/`. A rerun of an unfinished sweep job keeps the earlier
-attempt's files under `attempts/<n>/`.
+the `[Override]` lines torchtitan logged (`overrides_applied.json`, when kernels overrides are active),
+the answers to eval.samples (`samples.jsonl`) and, when checkpointing is on, `checkpoint/`. A rerun
+of an unfinished sweep job keeps the earlier attempt's files under `attempts/<n>/`.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ TORCHTITAN_CONFIG = "torchtitan_config.json"
 COMMAND = "command.txt"
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
+SAMPLES = "samples.jsonl"
+"""eval.samples: the answers of each validation, one JSON record per prompt (`qwen3exp.titan.metrics`)."""
 PLAN = "plan.json"
 OVERRIDES_APPLIED = "overrides_applied.json"
 LOGS = "logs"

@@ -229,11 +229,10 @@ def _parallelism_config(exp: Experiment):
 
 
 def validator_config(exp: Experiment, data: Path, text_field: str):
-    """torchtitan's validator over the held-out documents (or validation.path), at step 1, every
-    validation.freq steps and at the last step (`qwen3exp.titan.validator`)."""
+    """torchtitan's validator (`qwen3exp.titan.validator`): held-out loss and eval.samples at each validation."""
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader  # lazy: torchtitan in the ranks
 
-    from qwen3exp.titan.validator import FinalStepValidator  # lazy: imports torchtitan
+    from qwen3exp.titan.validator import FinalStepValidator, sample_settings  # lazy: imports torchtitan
 
     v = exp.validation
     if not v.enable:
@@ -244,6 +243,7 @@ def validator_config(exp: Experiment, data: Path, text_field: str):
         freq=v.freq,
         steps=v.steps,
         last_step=exp.training.steps,
+        **sample_settings(exp.eval, str(hf_assets_path(exp)), resolve_arch(exp).vocab_size),
         dataloader=HuggingFaceTextDataLoader.Config(
             dataset=dataset.register_validation(
                 str(path), text_field, held_out_fraction=v.held_out, hf=dataset.hf(exp.data) if v.path is None else None

@@ -9,7 +9,15 @@ norm) is written as null and its key is listed in the row's `nonfinite` (present
 
 A validation (torchtitan's validator, `qwen3exp.titan.validator`) adds a row of its own after the
 training row of its step: `{"step": 10, "val_loss": 3.1, "val_perplexity": 22.2}` (no `loss` key;
-`qwen3exp.run.metrics_file.read_metrics` and `read_validation` tell the two kinds apart)."""
+`qwen3exp.run.metrics_file.read_metrics` and `read_validation` tell the two kinds apart).
+
+The answers to eval.samples (`qwen3exp.titan.validator`) go to `log_samples`: on the metrics rank
+into samples.jsonl (`SamplesFile`: one record per prompt, `{"step", "prompt", "text", "tokens"}`)
+and to the trackers (TensorBoard text, a W&B table).
+
+Every rank, not only the metrics rank, keeps its own peak memory of the logged steps in
+`logs/memory_rank<R>.json` (`qwen3exp.run.scorecard`): the launcher's summary compares the peak
+over all ranks with the plan's estimate."""
 
 from __future__ import annotations
 
@@ -19,11 +27,13 @@ import os
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any, TextIO
 
 import torch.distributed as dist
 from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor, _get_metrics_rank
 from torchtitan.tools.logging import logger
 
+from qwen3exp.run import rundir, scorecard
 from qwen3exp.titan import trackers
 
 
@@ -79,6 +89,30 @@ class JsonlLogger(BaseLogger):
         self._f.close()
 
 
+class SamplesFile(BaseLogger):
+    """samples.jsonl: one JSON record per answered prompt, appended (created at the first
+    validation with samples, so a run without samples has none)."""
+
+    def __init__(self, path: str):
+        self._path = path
+        self._f: TextIO | None = None
+
+    def log(self, metrics: dict, step: int) -> None:
+        """Metrics are not samples: nothing to write."""
+
+    def log_samples(self, records: list[dict], step: int) -> None:
+        if self._f is None:
+            self._f = open(self._path, "a", buffering=1, encoding="utf-8")
+        for record in records:
+            self._f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+
+
 class JsonlMetricsProcessor(MetricsProcessor):
     """torchtitan's MetricsProcessor with qwen3exp's loggers on the metrics rank: metrics.jsonl,
     and, in place of torchtitan's own, the trackers that know the experiment
@@ -103,8 +137,31 @@ class JsonlMetricsProcessor(MetricsProcessor):
         """The run directory: the trackers read experiment.yaml and provenance.json there, W&B
         writes its files to its `wandb/` folder. Empty: torchtitan's dump_folder."""
 
+    device_memory_monitor: Any
+    """torchtitan's monitor, read through `LastReading` (the same methods, delegated)."""
+
     def __init__(self, config: Config, *, has_quantization: bool = False, **kwargs):
+        self._sample_sinks: list = []
         super().__init__(config, has_quantization=has_quantization or not config.peak_flops_known, **kwargs)
+        # Every rank (not only the metrics rank) keeps its own peak for the run's score.
+        self._reading = LastReading(self.device_memory_monitor)
+        self.device_memory_monitor = self._reading
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        self._rank_peak = scorecard.RankPeak(Path(config.run_dir) / rundir.LOGS, rank) if config.run_dir else None
+
+    def log(self, step: int, *args, **kwargs) -> None:
+        """torchtitan's training log (every rank calls it at a logged step), then this rank's peak
+        memory of the steps since the last one, the very reading the log used
+        (`qwen3exp.run.scorecard.RankPeak`), before the next step's allocations."""
+        super().log(step, *args, **kwargs)
+        last = self._reading.last
+        if self._rank_peak is not None and last is not None:
+            self._rank_peak.record(step, last.max_reserved_gib)
+
+    def log_samples(self, records: list[dict], step: int) -> None:
+        """The answers of one validation to samples.jsonl and the trackers (metrics rank only)."""
+        for sink in self._sample_sinks:
+            sink.log_samples(records, step)
 
     def _build_metric_logger(
         self,
@@ -119,22 +176,38 @@ class JsonlMetricsProcessor(MetricsProcessor):
         tag=None,
     ) -> BaseLogger:
         """The loggers of this rank: the trackers where torchtitan would put its own (the metrics
-        rank, or every rank with save_for_all_ranks), metrics.jsonl on the metrics rank.
-        (`config_dict`, torchtitan's Trainer.Config as a dict, is not used: W&B gets the experiment.)"""
+        rank, or every rank with save_for_all_ranks), metrics.jsonl and samples.jsonl on the metrics
+        rank. (`config_dict`, torchtitan's Trainer.Config as a dict, is not used: W&B gets the experiment.)"""
         rank = dist.get_rank() if dist.is_initialized() else 0
         metrics_rank = _get_metrics_rank(parallel_dims=parallel_dims, pp_schedule=pp_schedule)
-        container = LoggerContainer()
+        loggers: list = []
         if (config.enable_tensorboard or config.enable_wandb) and (config.save_for_all_ranks or rank == metrics_rank):
-            for tracker in _trackers(
-                config,
-                Path(config.run_dir or dump_folder),
-                tensorboard_folder(config, dump_folder, ft_enable, ft_replica_id, rank),
-                tag,
-            ):
-                container.add_logger(tracker)
+            tb_folder = tensorboard_folder(config, dump_folder, ft_enable, ft_replica_id, rank)
+            loggers += _trackers(config, Path(config.run_dir or dump_folder), tb_folder, tag)
         if config.jsonl_path and rank == metrics_rank:
-            container.add_logger(JsonlLogger(config.jsonl_path, peak_flops_known=config.peak_flops_known))
+            loggers.append(JsonlLogger(config.jsonl_path, peak_flops_known=config.peak_flops_known))
+            loggers.append(SamplesFile(str(Path(config.run_dir or dump_folder) / rundir.SAMPLES)))
+        container = LoggerContainer()
+        for one in loggers:
+            container.add_logger(one)
+        self._sample_sinks = [one for one in loggers if hasattr(one, "log_samples")]
         return container
+
+
+class LastReading:
+    """torchtitan's DeviceMemoryMonitor, keeping its last reading (`last`): a training log reads the
+    peak once and then resets it, so the rank's score takes the very figure the log shows."""
+
+    def __init__(self, monitor) -> None:
+        self._monitor = monitor
+        self.last = None
+
+    def __getattr__(self, name):
+        return getattr(self._monitor, name)
+
+    def get_peak_stats(self):
+        self.last = self._monitor.get_peak_stats()
+        return self.last
 
 
 def _trackers(config: JsonlMetricsProcessor.Config, run_dir: Path, tb_folder: str, tag: str | None) -> list:

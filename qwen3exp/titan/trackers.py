@@ -16,6 +16,9 @@ executed.
   (`hparams`: the keys its overrides set) with the final training loss and the last validation
   loss as the hparams metrics `hparam/last_loss` and `hparam/val_loss`, in the same folder as
   the scalars (`write_hparams` says why).
+- eval.samples (`log_samples`, both trackers): the answers of each validation, as TensorBoard text
+  (`samples/<i>`, one tag per prompt, at the validation's step: `sample_markdown`) and as a W&B
+  table (`samples`: step, prompt, text).
 
 The loggers are plain objects with torchtitan's logger protocol (`log(metrics, step)`, `close()`);
 `qwen3exp.titan.metrics` builds them on the metrics rank. Neither imports torchtitan.
@@ -40,6 +43,8 @@ DEFAULT_HPARAMS = ("name", "model.flavor", "training.lr", "training.steps")
 numbers most often compared. Enough to tell such runs apart in TensorBoard's HParams table."""
 HPARAM_METRICS = {"loss_metrics/global_avg_loss": "hparam/last_loss", "validation_metrics/loss": "hparam/val_loss"}
 """torchtitan's metric key -> the hparams metric holding its last value."""
+SAMPLES_TAG = "samples"
+"""The tracker name of eval.samples' answers (TensorBoard `samples/<i>`, the W&B table `samples`)."""
 WANDB_TAG_MAX = 64
 """W&B refuses a tag longer than this (wandb.init raises)."""
 
@@ -153,6 +158,11 @@ class WandbTracker:
     def log(self, metrics: dict[str, Any], step: int) -> None:
         self._run.log(_tagged(metrics, self._tag), step=step)
 
+    def log_samples(self, records: list[dict], step: int) -> None:
+        rows = [[r["step"], r["prompt"], r["text"]] for r in records]
+        table = self._wandb.Table(columns=["step", "prompt", "text"], data=rows)
+        self._run.log(_tagged({SAMPLES_TAG: table}, self._tag), step=step)
+
     def close(self) -> None:
         """Finish the run and stop wandb's service process: a finished rank ends with os._exit
         (`qwen3exp.worker.main`), which skips wandb's own atexit teardown."""
@@ -179,9 +189,27 @@ class TensorBoardTracker:
             if key in metrics:
                 self._last[name] = (float(metrics[key]), step)
 
+    def log_samples(self, records: list[dict], step: int) -> None:
+        texts = {f"{SAMPLES_TAG}/{i}": sample_markdown(record) for i, record in enumerate(records)}
+        for name, text in _tagged(texts, self._tag).items():
+            self.writer.add_text(name, text, step)
+        self.writer.flush()
+
     def close(self) -> None:
         write_hparams(self.writer, self._hparams, self._last)
         self.writer.close()
+
+
+def sample_markdown(record: Mapping[str, Any]) -> str:
+    """One answer as TensorBoard shows text (Markdown): the prompt and the answer as code blocks,
+    so that whatever the model wrote is shown as written."""
+
+    def block(text: str) -> str:
+        return "\n".join("    " + line for line in (text.splitlines() or [""]))
+
+    return (
+        f"prompt:\n\n{block(record['prompt'])}\n\nanswer ({len(record['tokens'])} tokens):\n\n{block(record['text'])}"
+    )
 
 
 def write_hparams(writer, hparams: dict[str, Any], last: dict[str, tuple[float, int]]) -> None:
