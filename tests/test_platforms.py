@@ -109,7 +109,7 @@ def test_neuron_dry_run_plans_from_the_table_without_a_device():
     assert facts.ranks_per_node == 64 and facts.memory_per_rank_bytes == 24 * GIB
     assert not facts.device_checked and "device not checked (dry run)" in facts.reason
     assert facts.env["NEURON_LOGICAL_NC_CONFIG"] == "2"
-    assert facts.run_dir_env == {"TORCH_NEURONX_NEFF_CACHE_DIR": "neuron_cache"}
+    assert facts.run_dir_env == {} and "TORCH_NEURONX_NEFF_CACHE_DIR" in facts.env
     assert facts.peak_flops_per_rank == 2 * 79e12
     assert facts.comm_init_timeout_s == 1800
 
@@ -327,7 +327,7 @@ def test_neuron_real_launch_reaches_the_neuron_process_group(tmp_path):
         "launcher.nproc_per_node=1",
         f"hydra.run.dir={run_dir}",
         f"model.hf_assets_path={REPO / 'qwen3exp' / 'assets' / 'tokenizer'}",
-        env={"PYTHONPATH": os.pathsep.join([str(FAKES), str(REPO)])},
+        env={"PYTHONPATH": os.pathsep.join([str(FAKES), str(REPO)]), "QWEN3EXP_NEURON_CACHE": str(tmp_path / "neff")},
     )
     assert r.returncode == 1, r.stdout + r.stderr
     platform = json.loads((run_dir / "platform.json").read_text())
@@ -335,7 +335,8 @@ def test_neuron_real_launch_reaches_the_neuron_process_group(tmp_path):
     error = read_summary(run_dir)["error"]
     assert "fake torch_neuronx: process group 'neuron' requested (rank 0 of 1, timeout 1800s" in error
     assert "NEURON_LOGICAL_NC_CONFIG=2" in error
-    assert f"TORCH_NEURONX_NEFF_CACHE_DIR={run_dir}/neuron_cache" in error
+    key = platform["env"]["QWEN3EXP_NEURON_CACHE_KEY"]  # the shared cache's folder of this graph
+    assert f"TORCH_NEURONX_NEFF_CACHE_DIR={tmp_path / 'neff'}/{key}," in error
     assert "set_device(neuron:0)" in error
 
 

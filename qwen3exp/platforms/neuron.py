@@ -27,8 +27,9 @@ Each adaptation states the behaviour it answers:
 6. Processes. A forked child cannot re-initialise the Neuron runtime: torchrun starts fresh
    processes, and `prepare_worker` sets the multiprocessing start method to spawn for anything a
    rank starts itself (data-loader workers).
-7. Compile cache. Compiled graphs (NEFFs) go to TORCH_NEURONX_NEFF_CACHE_DIR: neuron_cache/ in the
-   run directory, or platform.compile_cache_dir (a shared folder avoids recompiling every run).
+7. Compile cache. Compiled graphs (NEFFs) go to TORCH_NEURONX_NEFF_CACHE_DIR: by default one folder
+   per graph in a cache shared by every run and sweep job, or platform.compile_cache_dir
+   (`qwen3exp.platforms.neuron_cache`).
 8. Timeouts. The first step compiles every graph (minutes for a 4B model); ranks that finish
    compiling at different times wait in the first collectives, so the init/first-step collective
    timeout is raised to 30 minutes (torchtitan's default is 5).
@@ -42,7 +43,7 @@ from pathlib import Path
 
 from qwen3exp.config.sections.platform import INSTANCES, NeuronPlatform
 from qwen3exp.errors import ConfigError, Problem
-from qwen3exp.platforms import probe
+from qwen3exp.platforms import neuron_cache, probe
 from qwen3exp.platforms.host import machine
 from qwen3exp.platforms.neuron_device import (  # prepare_worker, probe_device: the protocol's, where torch is
     INSTALL_HINT,
@@ -50,15 +51,22 @@ from qwen3exp.platforms.neuron_device import (  # prepare_worker, probe_device: 
     prepare_worker as prepare_worker,
     probe_device as probe_device,
 )
-from qwen3exp.platforms.variant import ALLOWED, PlatformFacts, section_name
+from qwen3exp.platforms.variant import ALLOWED, SUSTAINED_FRACTION_OF_PEAK, PlatformFacts, section_name
 from qwen3exp.units import GIB
 
 SECTION = NeuronPlatform
 NAME = section_name(SECTION)
 
-CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
-RUN_DIR_CACHE = "neuron_cache"
 COMM_INIT_TIMEOUT_S = 1800
+
+# parallelism=auto's cost model (`qwen3exp.plan.layout_cost`) on Trainium2. NOT MEASURED (no Trainium
+# here): AWS's Neuron documentation, "Trainium2 Architecture", states NeuronLink-v3 at 1.28 TB/s per
+# chip (taken as both directions, so 640 GB/s sent per chip, shared by the chip's ranks); AWS's Trn2
+# instance page states 3.2 Tb/s of EFAv3 networking per trn2.48xlarge (16 chips), taken here as 25 GB/s
+# per chip for every instance type. The compute rate is the table's peak (torchtitan's 79 TFLOP/s per
+# NeuronCore-v3) times `SUSTAINED_FRACTION_OF_PEAK`.
+NEURONLINK_BYTES_PER_CHIP = 0.64e12
+EFA_BYTES_PER_CHIP = 3.2e12 / 8 / 16
 
 
 def device_hint() -> str | None:
@@ -104,11 +112,8 @@ def facts(cfg, *, nproc_per_node: int | None, dry_run: bool, reason: str) -> Pla
         else f"{cfg.instance_type}: {inst.chips} chip(s) x {inst.physical_cores_per_chip} cores / LNC {cfg.lnc}"
     )
     env = probe_env(cfg)
-    run_dir_env: dict[str, str] = {}
-    if cfg.compile_cache_dir:
-        env[CACHE_ENV] = os.path.abspath(os.path.expanduser(cfg.compile_cache_dir))
-    else:
-        run_dir_env[CACHE_ENV] = RUN_DIR_CACHE
+    cache_env, run_dir_env = neuron_cache.platform_env(cfg, os.environ)
+    env.update(cache_env)
     name, total_memory = inst.device_name, None
     if dry_run:
         checked = False
@@ -145,6 +150,9 @@ def facts(cfg, *, nproc_per_node: int | None, dry_run: bool, reason: str) -> Pla
         lnc=cfg.lnc,
         run_dir_env=run_dir_env,
         comm_init_timeout_s=COMM_INIT_TIMEOUT_S,
+        sustained_flops_per_rank=inst.bf16_flops_per_physical_core * cfg.lnc * SUSTAINED_FRACTION_OF_PEAK,
+        link_bytes_per_s=NEURONLINK_BYTES_PER_CHIP * cfg.lnc / inst.physical_cores_per_chip,
+        network_bytes_per_s=EFA_BYTES_PER_CHIP * cfg.lnc / inst.physical_cores_per_chip,
     )
 
 
@@ -242,6 +250,12 @@ def launch_problems(
     exp, facts: PlatformFacts, *, ranks: int, plan_bytes_per_rank: int | None, total_params: int = 0
 ) -> list[Problem]:
     return []  # NeuronCore memory is the device's, checked by the plan
+
+
+def measured_beside(exp) -> tuple[int, float]:
+    """(runtime bytes, retained fraction) beside the model's step peak in what a rank measures: not
+    measured on Trainium yet, so the model's step peak alone."""
+    return 0, 0.0
 
 
 def device_names() -> list[str]:

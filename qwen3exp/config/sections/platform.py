@@ -96,9 +96,12 @@ class NeuronPlatform(Strict):
     count before a real launch)."""
     hbm_per_core_gib: Annotated[float, Field(gt=0)] | None = None
     """HBM per logical core for planning; None: the device's total_memory, else the instance table."""
-    compile_cache_dir: str | None = None
-    """Neuron compile cache (TORCH_NEURONX_NEFF_CACHE_DIR); None: neuron_cache/ in the run directory.
-    A shared folder reuses compiled graphs across runs."""
+    compile_cache_dir: Annotated[str, Field(min_length=1)] | None = None
+    """Neuron compile cache (TORCH_NEURONX_NEFF_CACHE_DIR). None: shared by every run and sweep job,
+    one folder per graph: $QWEN3EXP_NEURON_CACHE, else your shell's TORCH_NEURONX_NEFF_CACHE_DIR, else
+    ~/.cache/qwen3exp/neuron-compile, then a subfolder named by the hash of what changes the graph
+    (key.json there says what). A path: that folder, as is, for every graph. `run`: neuron_cache/ in
+    the run directory (nothing shared: every run compiles; ./run for a folder named run)."""
     runtime_env: dict[str, EnvValue] = {}
     """More environment variables for every rank (NEURON_RT_*, NEURON_LAUNCH_BLOCKING, ...)."""
 
@@ -119,6 +122,7 @@ class NeuronPlatform(Strict):
         owned = {
             "NEURON_LOGICAL_NC_CONFIG": "platform.lnc",
             "TORCH_NEURONX_NEFF_CACHE_DIR": "platform.compile_cache_dir",
+            "QWEN3EXP_NEURON_CACHE_KEY": "platform.compile_cache_dir",
         }
         for key in self.runtime_env:
             if not _ENV_NAME.match(key):

@@ -2,6 +2,10 @@
 else): rename PrivateUse1 to `neuron`, register a `torch.neuron` device module with the CUDA-like
 API, and register a `neuron` process-group backend for the `neuron` device.
 
+Its version is also in the package metadata beside it (torch_neuronx-2.14.3.0+fake.dist-info, and a
+neuronx-cc one), where the launcher reads versions without importing (compile cache keys,
+provenance.json); `neff_cache.py` beside it is the fake compile's cache entry.
+
 Put `tests/fakes` on PYTHONPATH of a SUBPROCESS only: renaming PrivateUse1 cannot be undone, so it
 must never happen inside the pytest process. Knobs (environment variables):
   FAKE_NEURON_PHYSICAL_CORES  physical NeuronCores on the host (default 128: a trn2.48xlarge)

@@ -1,0 +1,227 @@
+"""The Neuron compile cache: one folder per compiled graph, shared by every run and sweep job.
+
+NOT RUN ON HARDWARE (see `qwen3exp.platforms.neuron`): written against TorchNeuron's documented cache
+variable and the layout its source shows, covered by contract tests (tests/test_neuron_cache.py).
+
+Why: the first step compiles every graph (minutes for a 4B model) and TorchNeuron keeps each NEFF in
+its persistent cache, TORCH_NEURONX_NEFF_CACHE_DIR (the project's Trainium notes). A cache inside
+the run directory starts empty for every run and every sweep job, so each one compiled again.
+
+Where a run's NEFFs go (`platform_env`, then `for_graph` once the plan knows the graph):
+1. `platform.compile_cache_dir=PATH`: that folder exactly, not keyed (a folder you already filled,
+   or one shared on purpose); `platform.compile_cache_dir=run`: neuron_cache/ in the run directory
+   (the old behaviour: nothing shared, every run compiles).
+2. Otherwise `<root>/<key>`: root = $QWEN3EXP_NEURON_CACHE, else the TORCH_NEURONX_NEFF_CACHE_DIR of
+   the launching shell (Neuron's own variable: where you said NEFFs live), else
+   $XDG_CACHE_HOME/qwen3exp/neuron-compile (~/.cache/...). Neuron's documented precedence is the same
+   shape: an explicit setting wins over the environment variable, which wins over the default.
+   The key (`graph_key`) holds what changes the compiled graph; the folder is named by a short hash
+   of its canonical JSON and a launch writes key.json there saying what the hash stands for.
+
+Sharing is what Neuron's cache is built for (torch-neuronx's CompilationCache and
+PersistentCacheBackend, native stack; to be added to the notes): each NEFF is stored under a hash
+of its graph (`<dir>/ab/cd/<hash>.neff`) by writing a temporary file and renaming it, safe for
+processes and nodes sharing the folder (NFS included), and a compile first takes a file lock
+(TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR/locks, local disk, default /tmp/local_cache) and looks again,
+so concurrent sweep jobs on one node compile a graph once. The cache is content-addressed, so a
+folder never serves a wrong graph; the key only decides which runs share a folder and lets the
+plan say whether this graph compiled before. qwen3exp never deletes or rewrites a cache entry: it
+creates the key folder (exist_ok) and a key.json that does not exist yet, nothing else.
+Not `--cache_dir` in NEURON_CC_FLAGS (nor NEURON_COMPILE_CACHE_URL): those belong to the torch-xla
+stack's compiler wrapper, neuron_cc_wrapper, which strips them before neuronx-cc runs. TorchNeuron
+calls neuronx-cc without that wrapper and its users pass compiler options in NEURON_CC_FLAGS, so an
+unknown `--cache_dir` there could fail every compile (not checked on hardware).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, replace
+from importlib import metadata
+from pathlib import Path
+
+from qwen3exp.config.sections.platform import NeuronPlatform
+from qwen3exp.errors import ConfigError, Problem
+from qwen3exp.platforms.variant import PlatformFacts
+
+CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
+"""TorchNeuron's persistent NEFF cache folder (the ranks read it)."""
+KEY_ENV = "QWEN3EXP_NEURON_CACHE_KEY"
+"""The key's hash, set for the ranks beside the folder: the run records which key it used."""
+ROOT_ENV = "QWEN3EXP_NEURON_CACHE"
+"""The root of the shared cache, when set in the launching shell."""
+CC_FLAGS_ENV = "NEURON_CC_FLAGS"
+PER_RUN = "run"
+"""`platform.compile_cache_dir=run`: the run directory's own cache."""
+RUN_DIR_CACHE = "neuron_cache"
+KEY_FILE = "key.json"
+KEY_VERSION = 1
+"""Part of every key: a change of what the key holds starts new folders instead of mixing meanings."""
+HASH_CHARS = 12
+PACKAGES = ("torch-neuronx", "neuronx-cc")
+"""The compiler and the framework whose versions change the NEFFs (read from installed metadata,
+without importing them: the launcher never imports torch)."""
+
+
+def root(environ) -> Path:
+    """The shared cache's root (see the module docstring for the order)."""
+    for name in (ROOT_ENV, CACHE_ENV):
+        if environ.get(name):
+            return Path(environ[name]).expanduser().absolute()
+    base = Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
+    return base.absolute() / "qwen3exp" / "neuron-compile"
+
+
+def platform_env(cfg: NeuronPlatform, environ) -> tuple[dict[str, str], dict[str, str]]:
+    """(env, run_dir_env) of the platform alone: the explicit folder, the run's own, or the shared
+    root, which `for_graph` turns into the graph's folder."""
+    if cfg.compile_cache_dir == PER_RUN:
+        return {}, {CACHE_ENV: RUN_DIR_CACHE}
+    if cfg.compile_cache_dir is not None:
+        return {CACHE_ENV: os.path.abspath(os.path.expanduser(cfg.compile_cache_dir))}, {}
+    return {CACHE_ENV: str(root(environ))}, {}
+
+
+def _versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for pkg in PACKAGES:
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def graph_key(exp, arch, mesh, batches, facts: PlatformFacts, environ) -> dict:
+    """What changes the graphs a rank compiles, as plain data. Shapes: the model's dimensions and
+    modelling code (backend), seq_len and the local batch; the per-rank program: the mesh degrees,
+    activation checkpointing, torch.compile, the kernel overrides, LoRA, the dtypes and the
+    optimizer's constants (the XLA cache's documentation lists optimizer hyperparameters; lr is left
+    out, it changes every step); the compiler: LNC, the chip, NEURON_CC_FLAGS and the versions of
+    neuronx-cc and torch-neuronx. Not the data, seed, steps or weights: they are inputs."""
+    t = exp.training
+    flags = facts.env.get(CC_FLAGS_ENV, environ.get(CC_FLAGS_ENV, ""))
+    return {
+        "key_version": KEY_VERSION,
+        "model": {"backend": exp.model.backend, **asdict(arch)},
+        "training": {
+            "seq_len": t.seq_len,
+            "local_batch_size": batches.local_batch_size,
+            "dtype": t.dtype,
+            "mixed_precision_param": t.mixed_precision_param,
+            "activation_checkpoint": t.activation_checkpoint,
+            "compile": t.compile,
+            "weight_decay": t.weight_decay,
+            "max_norm": t.max_norm,
+        },
+        "mesh": asdict(mesh.degrees),
+        "kernels": exp.kernels.model_dump(mode="json", exclude={"name"}) if exp.kernels.active else None,
+        "peft": exp.peft.model_dump(mode="json"),
+        "compiler": {"lnc": facts.lnc, "device": facts.device_name, CC_FLAGS_ENV: " ".join(flags.split())}
+        | _versions(),
+    }
+
+
+def key_hash(key: dict) -> str:
+    """A short stable hash of the key's canonical JSON (sorted keys, no spaces)."""
+    text = json.dumps(key, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:HASH_CHARS]
+
+
+def for_graph(facts: PlatformFacts, exp, arch, mesh, batches, environ=None) -> PlatformFacts:
+    """The facts with the graph's own cache folder (`<root>/<hash>`) when the cache is the shared
+    default; unchanged otherwise (another platform, an explicit folder, `run`). A launch (not a dry
+    run) also creates the folder and its key.json (`claim`)."""
+    environ = os.environ if environ is None else environ
+    if CACHE_ENV not in facts.env or KEY_ENV in facts.env or _explicit(exp):
+        return facts
+    key = graph_key(exp, arch, mesh, batches, facts, environ)
+    digest = key_hash(key)
+    folder = Path(facts.env[CACHE_ENV]) / digest
+    if not exp.dry_run:
+        claim(folder, digest, key)
+    return replace(facts, env={**facts.env, CACHE_ENV: str(folder), KEY_ENV: digest})
+
+
+def _explicit(exp) -> bool:
+    """Whether platform.compile_cache_dir names the folder (platform=auto takes the defaults)."""
+    return isinstance(exp.platform, NeuronPlatform) and exp.platform.compile_cache_dir is not None
+
+
+def claim(folder: Path, digest: str, key: dict) -> None:
+    """Create the key folder (exist_ok) and its key.json unless one exists (another run wrote it:
+    left as it is). Neuron fills the folder; nothing here deletes or rewrites what is there."""
+    text = json.dumps({"hash": digest, "key": key, "what": _WHAT}, indent=2, sort_keys=True) + "\n"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / KEY_FILE, "x", encoding="utf-8") as f:
+            f.write(text)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise ConfigError(
+            [
+                Problem(
+                    "platform.compile_cache_dir",
+                    None,
+                    f"the shared Neuron compile cache folder {folder} cannot be created ({e.strerror or e})",
+                    "null (the shared cache), a writable folder, or run",
+                    f"set {ROOT_ENV} to a writable folder, or platform.compile_cache_dir",
+                )
+            ]
+        ) from e
+
+
+_WHAT = (
+    "qwen3exp's Neuron compile cache for one graph: TorchNeuron keeps its NEFFs here "
+    f"(TORCH_NEURONX_NEFF_CACHE_DIR). The folder's name is the first {HASH_CHARS} hex digits of the SHA-256 of "
+    "`key` as canonical JSON; runs and sweep jobs with the same key share it."
+)
+
+
+def compiled(folder: Path) -> bool:
+    """Whether Neuron has stored a compiled graph (a non-empty .neff) in `folder`: TorchNeuron's
+    layout `<folder>/ab/cd/<hash>.neff`, or the torch-xla stack's
+    `<folder>/neuronxcc-<version>/MODULE_<hash>/model.neff`. Two levels down at most, stopping at
+    the first one found: a cheap check a sweep's dry run makes for every point."""
+    return _neff_below(folder, depth=2)
+
+
+def _neff_below(folder: Path, depth: int) -> bool:
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:  # absent or unreadable: nothing compiled there that this user can reuse
+        return False
+    for e in entries:
+        if e.name.endswith(".neff") and e.is_file() and e.stat().st_size > 0:
+            return True
+    return depth > 0 and any(e.is_dir(follow_symlinks=False) and _neff_below(Path(e.path), depth - 1) for e in entries)
+
+
+def plan_lines(plan) -> list[str]:
+    """The plan's line about the compile cache: whether this job's graph is already there."""
+    f = plan.platform
+    if CACHE_ENV in f.run_dir_env:
+        return [
+            f"compile:    will compile into {plan.run_dir}/{f.run_dir_env[CACHE_ENV]} "
+            f"(platform.compile_cache_dir={PER_RUN}: this run's own cache, shared with no other run)"
+        ]
+    folder = f.env.get(CACHE_ENV)
+    if folder is None:
+        return []
+    digest, done = f.env.get(KEY_ENV), compiled(Path(folder))
+    if digest is None:  # one folder for every graph: platform.compile_cache_dir (or a plan made without the key)
+        why = "platform.compile_cache_dir, not keyed by graph" if _explicit(plan.exp) else "not keyed by graph"
+        if done:
+            return [
+                f"compile:    cached: {folder} holds compiled graphs ({why}: Neuron reuses this one's if it is there)"
+            ]
+        return [f"compile:    will compile into {folder} ({why})"]
+    if done:
+        return [f"compile:    cached: {folder} (key {digest}: a run of this graph compiled there before)"]
+    return [
+        f"compile:    will compile into {folder} (key {digest}, shared by every run and sweep job of this "
+        f"graph; from the first launch on, {KEY_FILE} there says what the key stands for)"
+    ]
