@@ -254,7 +254,8 @@ def test_help_documents_every_key_group_and_command(overrides):
         assert f"\n  {key} (" in r.stdout, key
     with Composer() as c:
         for group in GROUPS:
-            line = next(ln for ln in r.stdout.splitlines() if ln.startswith(f"  {group} "))
+            # the group's row: its name, then its options after two or more spaces (`  eval "$(...` is no row)
+            line = next(ln for ln in r.stdout.splitlines() if re.match(rf"  {group} {{2,}}\S", ln))
             assert all(o in line for o in c.options(group)), (group, line)
     for command in ("init", "report PATH", "diff RUN_A RUN_B", "relaunch RUN", "--version", "dry_run=true"):
         assert f"qwen3exp {command}" in r.stdout, command

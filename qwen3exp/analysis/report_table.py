@@ -1,4 +1,5 @@
-"""The report's table: one row per run, its varied keys and final metrics, ranked by the objective.
+"""The report's table: one row per run, its varied keys, its lm-eval scores (`eval.<task>.<metric>`
+columns, when runs recorded some) and final metrics, ranked by the objective.
 
 Rendered for a terminal (aligned, clipped, no raw escapes), as Markdown or as CSV
 (`qwen3exp.analysis.report` prints it and writes the files).
@@ -16,6 +17,7 @@ from typing import Any
 from qwen3exp.analysis.cells import FORMATS, cell, esc
 from qwen3exp.analysis.diff import show
 from qwen3exp.analysis.runs import Run, compared, varied_keys
+from qwen3exp.config.sections.sweep import EVAL_PREFIX
 from qwen3exp.errors import printable
 from qwen3exp.run import objective, rundir
 
@@ -75,12 +77,14 @@ def table(runs: list[Run], *, root: Path | None = None, status: dict[Path, str] 
         key = objective.better(rank[1])
         runs = sorted(runs, key=lambda r: key(r.objective_value))
     rows = []
+    scores = list(dict.fromkeys(k for r in runs for k in r.scores))
     for r in runs:
         flat = compared(r.experiment)
         rows.append(
             [
                 _label(r.path, root),
                 *(flat.get(k) for k in varied),
+                *(r.scores.get(k) for k in scores),
                 status.get(r.path, r.status),
                 r.steps,
                 r.final_loss,
@@ -92,7 +96,7 @@ def table(runs: list[Run], *, root: Path | None = None, status: dict[Path, str] 
                 r.wall_seconds,
             ]
         )
-    return Table(["run", *varied, *METRIC_COLUMNS], rows, runs, varied, rank)
+    return Table(["run", *varied, *(f"{EVAL_PREFIX}{k}" for k in scores), *METRIC_COLUMNS], rows, runs, varied, rank)
 
 
 def best_line(t: Table) -> str | None:
@@ -123,7 +127,13 @@ def _label(path: Path, root: Path | None) -> str:
 def _cell(column: str, value: Any) -> str:
     if column in SCORE_FORMATS and isinstance(value, (int, float)) and not isinstance(value, bool):
         return SCORE_FORMATS[column].format(value)
+    if column.startswith(EVAL_PREFIX) and isinstance(value, float):  # an lm-eval score (eval=lm_eval)
+        return f"{value:.4g}"
     return cell(column, value)
+
+
+def _numeric(column: str) -> bool:
+    return column in NUMERIC or column.startswith(EVAL_PREFIX)
 
 
 def _cells(t: Table) -> list[list[str]]:
@@ -148,7 +158,7 @@ def render_terminal(t: Table, *, max_rows: int | None = None, max_cell: int = 48
     if max_rows is not None and len(cells) > max_rows:
         more, cells = len(cells) - max_rows, cells[:max_rows]
     widths = [max(len(x) for x in col) for col in zip(header, *cells, strict=True)]
-    numeric = {i for i, h in enumerate(t.header) if h in NUMERIC} | ({0} if t.varied else set())
+    numeric = {i for i, h in enumerate(t.header) if _numeric(h)} | ({0} if t.varied else set())
 
     def line(row):
         return "  ".join(
@@ -162,7 +172,7 @@ def render_terminal(t: Table, *, max_rows: int | None = None, max_cell: int = 48
 
 
 def render_markdown(t: Table) -> str:
-    numeric = {h for h in t.header if h in NUMERIC}
+    numeric = {h for h in t.header if _numeric(h)}
     out = [
         "| " + " | ".join(esc(h) for h in t.header) + " |",
         "| " + " | ".join("---:" if h in numeric else "---" for h in t.header) + " |",

@@ -97,6 +97,16 @@ class Run:
         return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
     @property
+    def scores(self) -> dict[str, float]:
+        """The lm-eval scores the run recorded (summary.json's `eval`: `{"<task>.<metric>": value}`)."""
+        found = self.summary.get("eval") if self.summary else None
+        return {
+            str(k): float(v)
+            for k, v in (found.items() if isinstance(found, dict) else ())
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+
+    @property
     def wall_seconds(self) -> float | None:
         return self.summary.get("wall_seconds") if self.summary else None
 

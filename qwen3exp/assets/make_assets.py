@@ -9,6 +9,11 @@ conversations for data=chat (`chat_records`, deterministic, no tokenizer needed)
 
     python -m qwen3exp.assets.make_assets          # everything (retrains the tokenizer)
     python -m qwen3exp.assets.make_assets chat     # only the chat template and the conversations
+    python -m qwen3exp.assets.make_assets lm_eval  # only the questions of the bundled lm-eval task
+
+The bundled lm-evaluation-harness task `qwen3exp_tiny` (lm_eval/: its YAML, loader and questions)
+asks for the true end of sentences of the corpus (`lm_eval_records`): the tiny experiments train on
+that corpus, so its score moves with what they learn; a smoke test of the whole path, not a benchmark.
 """
 
 from __future__ import annotations
@@ -18,12 +23,15 @@ import inspect
 import json
 import pkgutil
 import random
+import re
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "corpus" / "train.jsonl"
 CHAT = HERE / "chat" / "train.jsonl"
+LM_EVAL_QUESTIONS = HERE / "lm_eval" / "qwen3exp_tiny.jsonl"
+LM_EVAL_COUNT = 20
 TOKENIZER_DIR = HERE / "tokenizer"
 VOCAB_SIZE = 2048
 MAX_DOCS = 4000
@@ -136,6 +144,31 @@ def write_chat_assets() -> None:
     CHAT.write_text("".join(json.dumps(r) + "\n" for r in chat_records()))
 
 
+def lm_eval_records(n: int = LM_EVAL_COUNT) -> list[dict]:
+    """The questions of `qwen3exp_tiny`: the first sentence (10 to 24 words, ASCII) of n corpus
+    documents, cut in half; the first half is the context, the choices are its true second half and
+    the second halves of 3 other questions' sentences, in a seeded order. Deterministic."""
+    sentences = []
+    for line in CORPUS.read_text().splitlines():
+        first = json.loads(line)["text"].split("\n\n")[0].replace("\n", " ")
+        sentence = re.split(r"(?<=[.!?])\s", first)[0]
+        if 10 <= len(sentence.split()) <= 24 and sentence.endswith(".") and sentence.isascii():
+            sentences.append(sentence.split())
+    rng = random.Random(26)
+    picked = rng.sample(sentences, n)
+    halves = [(" ".join(w[: len(w) // 2]), " ".join(w[len(w) // 2 :])) for w in picked]
+    out = []
+    for i, (context, end) in enumerate(halves):
+        choices = [end, *(halves[(i + k) % n][1] for k in (1, 2, 3))]
+        rng.shuffle(choices)
+        out.append({"id": i, "context": context, "choices": choices, "label": choices.index(end)})
+    return out
+
+
+def write_lm_eval_assets() -> None:
+    LM_EVAL_QUESTIONS.write_text("".join(json.dumps(r) + "\n" for r in lm_eval_records()))
+
+
 def _docstrings() -> list[str]:
     docs: list[str] = []
     seen: set[str] = set()
@@ -180,6 +213,7 @@ def main() -> None:
     # BOS/EOS come only from tokenizer_config.json in torchtitan's HuggingFaceTokenizer; without it
     # documents would be packed with no separator.
     write_chat_assets()
+    write_lm_eval_assets()
     # With config.json the folder is also a (weightless) Hugging Face model folder: the `tiny` flavor
     # in Qwen3Config terms, so model=hf and flavor=auto work out of the box.
     (TOKENIZER_DIR / "config.json").write_text(json.dumps(TINY_QWEN3_CONFIG, indent=2) + "\n")
@@ -189,5 +223,7 @@ def main() -> None:
 if __name__ == "__main__":
     if sys.argv[1:] == ["chat"]:
         write_chat_assets()
+    elif sys.argv[1:] == ["lm_eval"]:
+        write_lm_eval_assets()
     else:
         main()

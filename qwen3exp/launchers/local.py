@@ -30,7 +30,7 @@ from pathlib import Path
 
 from qwen3exp.config.schema import Experiment
 from qwen3exp.errors import Problem
-from qwen3exp.launchers import exports, outcome, prelaunch
+from qwen3exp.launchers import exports, lm_eval_run, outcome, prelaunch
 from qwen3exp.launchers.outcome import experiment_hash, node_file
 from qwen3exp.launchers.protocol import Submission, may_join
 from qwen3exp.launchers.torchrun import Interrupted, StopSignals, run_torchrun
@@ -117,8 +117,8 @@ def _finish(
     resumed_from: int | None,
     earlier: list[dict],
 ) -> dict:
-    """After the ranks: the HF export (a completed run's), summary.json with every attempt (node 0),
-    the last line. `ended`: (status, exit code, error) of the torchrun run."""
+    """After the ranks: the HF export (a completed run's), eval=lm_eval on it (node 0), summary.json
+    with every attempt (node 0), the last line. `ended`: (status, exit code, error) of the torchrun run."""
     exp, where = plan.exp, plan.placement
     status, exit_code, error = ended
     export = None
@@ -126,6 +126,10 @@ def _finish(
         export = exports.finish_export(plan, run_dir)
         if not export["ok"]:
             status, exit_code, error = "failed", 1, f"the Hugging Face export does not verify: {export['error']}"
+    evaluated = None
+    if status == "completed" and lm_eval_run.wanted(exp) and where.node_rank == 0:
+        evaluated = lm_eval_run.after_training(plan, run_dir)
+        status, exit_code, error = lm_eval_run.outcome(evaluated, (status, exit_code, error))
     wall = time.monotonic() - start
     # Node 0: every attempt in this run directory (requeues of a SLURM job, relaunches).
     this = timelimit.attempt_record(
@@ -147,7 +151,9 @@ def _finish(
         error=error,
         resumed_from=resumed_from,
         export=export,
-        extra={"attempts": [*earlier, this]} if where.node_rank == 0 else None,
+        extra={"attempts": [*earlier, this], **(lm_eval_run.summary_fields(exp, evaluated) if evaluated else {})}
+        if where.node_rank == 0
+        else None,
     )
     if stop.signum is not None:
         console.logger("qwen3exp.launch").warning(

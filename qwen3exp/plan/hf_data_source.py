@@ -93,7 +93,7 @@ def _by_name(data) -> tuple[HFSource | None, list[Problem]]:
             )
         ]
     repo_id, rev = hub
-    folder = _snapshot(repo_id, rev)
+    folder = cached_snapshot(repo_id, rev)
     if folder is None:
         return None, [
             Problem(
@@ -112,8 +112,9 @@ def _by_name(data) -> tuple[HFSource | None, list[Problem]]:
     return HFSource("data.name", data.name, builder, files, repo_id, rev, folder.name), []
 
 
-def _snapshot(repo_id: str, revision: str | None) -> Path | None:
-    """The cached snapshot folder of dataset `repo_id` at `revision`, or None (huggingface_hub's offline lookup)."""
+def cached_snapshot(repo_id: str, revision: str | None) -> Path | None:
+    """The cached snapshot folder of dataset `repo_id` at `revision`, or None (huggingface_hub's offline
+    lookup); also where the datasets of eval=lm_eval's tasks are looked up (`qwen3exp.plan.eval_tasks`)."""
     from huggingface_hub import snapshot_download  # lazy: a network client; only when a dataset is named
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError  # lazy: the same
 

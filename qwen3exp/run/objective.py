@@ -1,14 +1,20 @@
 """A run's objective: the one number a sweep optimizes and ranks runs by (`sweep.objective`).
 
 Computed once, when the run's summary is written (`record`), and stored in summary.json as
-`objective: {metric, direction, value}`; the Hydra launcher returns `value` to the sweeper, and the
-end-of-sweep table and the report rank by it. `value` is None when the run measured nothing to
-give (it failed before its first validation or step): a sweeper is then told the trial failed.
+`objective: {metric, direction, value}` (a score of eval=lm_eval, `eval.<task>.<metric>`, once the
+evaluation after training has given it: `qwen3exp.launchers.lm_eval_run`); the Hydra launcher
+returns `value` to the sweeper, and the end-of-sweep table and the report rank by it. `value` is
+None when the run measured nothing to give (it failed before its first validation or step, or its
+evaluation reported no such score): a sweeper is then told the trial failed.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+
+from qwen3exp.config.sections.sweep import EVAL_PREFIX
+from qwen3exp.run import eval_scores
 
 
 def mean_tokens_per_second(rows: list[dict]) -> float | None:
@@ -19,9 +25,18 @@ def mean_tokens_per_second(rows: list[dict]) -> float | None:
 
 
 def value_of(
-    metric: str, *, last_loss: float | None, val_loss: float | None, tokens_per_second: float | None
+    metric: str,
+    *,
+    last_loss: float | None,
+    val_loss: float | None,
+    tokens_per_second: float | None,
+    scores: Mapping[str, float] | None = None,
 ) -> float | None:
-    value = {"val_loss": val_loss, "last_loss": last_loss, "tokens_per_second": tokens_per_second}[metric]
+    """`scores`: the run's lm-eval scores (`qwen3exp.run.eval_scores`), for an `eval.` metric."""
+    if metric.startswith(EVAL_PREFIX):
+        value = eval_scores.of(metric, scores)
+    else:
+        value = {"val_loss": val_loss, "last_loss": last_loss, "tokens_per_second": tokens_per_second}[metric]
     return value if value is not None and math.isfinite(value) else None
 
 
