@@ -57,7 +57,7 @@ def _end(plan, run_dir, capsys, *, status="completed", error=None) -> tuple[dict
 
 
 def test_a_run_above_the_plan_by_more_than_15_percent_says_so(plan, tmp_path, capsys):
-    predicted = plan.memory.total / GIB
+    predicted = plan.memory.peak / GIB
     run_dir = _run_dir(plan, tmp_path, {0: 1.2 * predicted, 1: 1.5 * predicted})
     summary, lines = _end(plan, run_dir, capsys)
     # summary.json: the plan's per-rank estimate, the peak over steps and ranks, the ratio.
@@ -81,7 +81,7 @@ def test_a_run_above_the_plan_by_more_than_15_percent_says_so(plan, tmp_path, ca
 
 
 def test_a_run_within_15_percent_of_the_plan_does_not_warn(plan, tmp_path, capsys):
-    predicted = plan.memory.total / GIB
+    predicted = plan.memory.peak / GIB
     run_dir = _run_dir(plan, tmp_path, {0: 1.1 * predicted, 1: 0.9 * predicted}, save=True)
     (run_dir / rundir.CHECKPOINT / "step-2").mkdir(parents=True)  # unsigned: chat would refuse it
     summary, lines = _end(plan, run_dir, capsys)
@@ -104,7 +104,7 @@ def test_a_run_that_measured_nothing_has_no_score_and_no_warning(plan, tmp_path,
     run_dir = _run_dir(plan, tmp_path, {})
     summary, lines = _end(plan, run_dir, capsys, status="failed", error="boom")
     assert summary["memory_measured_gib"] is None and summary["memory_ratio"] is None
-    assert summary["memory_predicted_gib"] == pytest.approx(plan.memory.total / GIB)
+    assert summary["memory_predicted_gib"] == pytest.approx(plan.memory.peak / GIB)
     logs = run_dir / rundir.LOGS
     assert lines == [
         f"qwen3exp: failed: {run_dir}  last loss 2.0000  wall 5.0s",
@@ -164,7 +164,7 @@ def test_chat_and_resume_are_named_when_the_run_kept_weights(plan, tmp_path):
 
 
 def test_report_shows_predicted_measured_and_ratio(plan, tmp_path, capsys):
-    predicted = plan.memory.total / GIB
+    predicted = plan.memory.peak / GIB
     run_dir = _run_dir(plan, tmp_path, {0: 2 * predicted, 1: 3 * predicted})
     _end(plan, run_dir, capsys)
     # A report.csv an earlier version wrote (its columns had no score) is still report's own.

@@ -177,7 +177,7 @@ def summarize(
         "val_step": val[-1]["step"] if val else None,
         "tokens_per_second": tps,
         # The plan's per-rank memory next to the peak the ranks measured (qwen3exp.run.scorecard).
-        **scorecard.memory_score(plan.memory.total, run_dir / rundir.LOGS, wall=wall),
+        **scorecard.memory_score(plan.memory.peak, run_dir / rundir.LOGS, wall=wall),
         "objective": objective.record(
             metric, direction, objective.value_of(metric, last_loss=last_loss, val_loss=val_loss, tokens_per_second=tps)
         ),

@@ -39,10 +39,15 @@ head_dim, f = FFN hidden, k = top_k, F = expert hidden, E = experts):
   head = 2d (final norm), and the loss logits: 2 x T/8 x vocab / tp in float32 (torchtitan's
          chunked loss, 8 chunks; logits and their gradient)
 With pp > 1 a stage holds ceil(L / pp) layers but keeps up to pp micro-batches in flight (1F1B),
-about L layers' worth, so L is used unchanged. Attention itself is assumed memory-efficient (SDPA
-/ flash / flex: no seq_len^2 score matrix kept).
+about L layers' worth, so L is used unchanged. Attention keeps no seq_len^2 matrix (`memory_peak`).
 
-A plan fits when the total is at most `USABLE_FRACTION` of the platform's memory per rank; the
+The step's peak adds what a step holds only for a moment (`transients`: the chunked loss's head
+gradients and logits, AdamW's temporaries; the reasons, measured, are in `qwen3exp.plan.memory_peak`);
+the platform adds what its measure counts beside the model (`retained`, `runtime`: e.g. a CPU rank's
+Python and torch, `qwen3exp.platforms.cpu.MEASURED_RUNTIME_BYTES`), so that `peak` is the figure each
+run's measured peak is compared with (`qwen3exp.run.scorecard`).
+
+A plan fits when total + transients is at most `USABLE_FRACTION` of the platform's memory per rank; the
 rest is left for the runtime, the allocator's fragmentation and communication buffers. On the CPU
 the ranks are processes sharing the host's memory: what each costs beyond this estimate (Python,
 torch, torchtitan, measured) is added and checked against the memory the host has available now by
@@ -51,12 +56,13 @@ torch, torchtitan, measured) is added and checked against the memory the host ha
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 
 from qwen3exp.config.flavors import Arch
 from qwen3exp.config.sections.peft import Lora, Peft
-from qwen3exp.config.sections.training import LOSS_CHUNKS
+from qwen3exp.plan import memory_peak
 from qwen3exp.units import gib as gib  # re-exported: plan/build.py prints through `memory.gib`
 
 USABLE_FRACTION = 0.9
@@ -159,6 +165,7 @@ def trainable_of(arch: Arch, peft: Peft) -> int | None:
     return lora_trainable(arch, list(peft.targets), peft.rank) if isinstance(peft, Lora) else None
 
 
+@functools.lru_cache(maxsize=4096)  # parallelism=auto asks for every layout x batch x checkpointing mode
 def params_per_rank(arch: Arch, g: Degrees) -> int:
     """Parameters held by rank 0 (the largest shard), pipeline stage 0."""
     layers_here = math.ceil(arch.n_layers / g.pp)
@@ -172,7 +179,8 @@ def params_per_rank(arch: Arch, g: Degrees) -> int:
     return total
 
 
-def largest_unit(arch: Arch, g: Degrees) -> int:
+@functools.lru_cache(maxsize=4096)  # as params_per_rank
+def largest_unit(arch: Arch, g: Degrees, blocks_only: bool = False) -> int:
     """Unsharded parameters (per tp / ep shard) of the largest FSDP unit, as torchtitan wraps them:
     one per block, the embedding, and [final norm, lm_head] (one unit with the embedding when tied)."""
     units: dict[object, int] = {}
@@ -189,7 +197,7 @@ def largest_unit(arch: Arch, g: Degrees) -> int:
         else:
             unit = "embedding and head" if arch.tied else "head"
         units[unit] = units.get(unit, 0) + n
-    return max(units.values())
+    return max(n for unit, n in units.items() if isinstance(unit, int) or not blocks_only)
 
 
 @dataclass(frozen=True)
@@ -200,12 +208,20 @@ class Memory:
     fsdp_buffers: int
     activations: int
     total: int
+    transients: int
+    """What a step holds at its highest point beyond `total` (`qwen3exp.plan.memory_peak`)."""
+    retained: int
+    """Freed memory the platform's allocator keeps and its measure counts."""
+    runtime: int
+    """What the platform's measure counts beside the model (a CPU rank's Python and torch)."""
+    peak: int
+    """total + transients + retained + runtime: the peak per rank as the platform measures it (scored)."""
     budget: int
     """The platform's memory per rank."""
     usable: int
     """USABLE_FRACTION of the budget."""
     headroom: int
-    """usable - total (negative: does not fit)."""
+    """usable - (total + transients) (negative: does not fit)."""
     fits: bool
     param_dtype: str
     compute_dtype: str
@@ -214,32 +230,6 @@ class Memory:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def activation_elements_per_token(arch: Arch, mode: str) -> tuple[int, int]:
-    """(per layer, head) elements kept per token for the backward pass (see the module doc)."""
-    d, hd = arch.dim, arch.head_dim
-    q, kv = arch.n_heads * hd, arch.n_kv_heads * hd
-    attention = 2 * d + (q + 2 * kv) + 2 * (q + kv) + q
-    if arch.moe is None:
-        f_total = arch.hidden_dim
-        ffn = 2 * d + 4 * f_total
-        matmul_out = (q + 2 * kv) + d + 2 * f_total + d
-    else:
-        k, e, f = arch.moe.top_k, arch.moe.num_experts, arch.moe.hidden_dim
-        ffn = 2 * d + e + 2 * k * d + 4 * k * f
-        matmul_out = (q + 2 * kv) + d + e + 2 * k * f + k * d
-    full_layer = attention + ffn
-    match mode:
-        case "none":
-            per_layer, once = full_layer, 0
-        case "full":
-            per_layer, once = d, full_layer
-        case "selective":
-            per_layer, once = d + matmul_out // 2 + q, full_layer
-        case _:
-            raise ValueError(f"unknown activation checkpointing mode {mode!r}")
-    return per_layer, once + 2 * d
 
 
 def estimate(
@@ -253,20 +243,28 @@ def estimate(
     activation_checkpoint: str,
     budget: int,
     trainable: int | None = None,
+    runtime: int = 0,
+    retained_fraction: float = 0.0,
 ) -> Memory:
-    """`trainable`: the parameters that train (peft=lora: the adapters'; None: all), sharded like the rest."""
+    """`trainable`: the parameters that train (peft=lora: the adapters'; None: all), sharded like the rest;
+    `runtime`, `retained_fraction`: the platform's measure beside the model (`Memory.runtime`) and
+    the part of the model's peak its allocator keeps (`Memory.retained`); 0 for the model alone."""
     p = params_per_rank(arch, g)
     t = p if trainable is None else math.ceil(trainable / (g.dp_shard * g.cp * g.tp * g.pp))
     pb, cb = DTYPE_BYTES[param_dtype], DTYPE_BYTES[compute_dtype]
     params, grads, optim = p * pb, t * pb, 2 * t * pb
     sharded = g.dp_shard * g.cp > 1 or (g.ep > 1)
-    unit = largest_unit(arch, g)
-    buffers = (2 * unit * cb + unit * 4) if sharded else 0
+    buffers = (2 * cb + 4) * largest_unit(arch, g) if sharded else 0  # 2 gathered + a float32 gradient
     tokens = local_batch_size * seq_len // g.cp
-    per_layer, once = activation_elements_per_token(arch, activation_checkpoint)
-    acts = tokens * (arch.n_layers * per_layer + once) * cb // g.tp
-    acts += 2 * math.ceil(tokens / LOSS_CHUNKS) * arch.vocab_size * 4 // g.tp
+    per_layer, once = memory_peak.activation_elements_per_token(arch, activation_checkpoint)
+    logits = 2 * memory_peak.chunk_bytes(arch, g.tp, tokens)  # the loss's chunks: logits and their gradient
+    acts = tokens * (arch.n_layers * per_layer + once) * cb // g.tp + logits
     total = params + grads + optim + buffers + acts
+    base = acts - logits + memory_peak.mask_bytes(local_batch_size, seq_len)  # the layers' activations
+    base += cb * largest_unit(arch, g, blocks_only=True) if sharded else 0  # the last block, for the backward
+    step = memory_peak.step_peak(arch, g.tp, trainable is None, tokens, base, params + grads + optim, t)
+    top = max(total, step)
+    retained = int(top * retained_fraction)
     usable = int(budget * USABLE_FRACTION)
     return Memory(
         parameters=params,
@@ -275,10 +273,14 @@ def estimate(
         fsdp_buffers=buffers,
         activations=acts,
         total=total,
+        transients=top - total,
+        retained=retained,
+        runtime=runtime,
+        peak=top + retained + runtime,
         budget=budget,
         usable=usable,
-        headroom=usable - total,
-        fits=total <= usable,
+        headroom=usable - top,
+        fits=top <= usable,
         param_dtype=param_dtype,
         compute_dtype=compute_dtype,
         activation_checkpoint=activation_checkpoint,

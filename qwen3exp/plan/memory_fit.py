@@ -5,13 +5,29 @@ warning instead."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 from qwen3exp.config.flavors import Arch
 from qwen3exp.config.schema import Experiment
-from qwen3exp.config.sections.model import NativeModel
-from qwen3exp.errors import Problem
+from qwen3exp.config.sections.model import HFModel, NativeModel
+from qwen3exp.errors import ConfigError, Problem
 from qwen3exp.plan import memory
 from qwen3exp.plan.mesh import Mesh
-from qwen3exp.platforms import PlatformFacts, host_problems
+from qwen3exp.platforms import PlatformFacts, cpu, cuda, host_problems, neuron
+
+MEASURED_BESIDE = {m.NAME: m.measured_beside for m in (cpu, cuda, neuron)}
+"""Each platform's `measured_beside(exp)`: what its measure of a rank's peak holds beside the model
+(a table here until `variant.PlatformModule` names the function)."""
+
+
+@dataclass
+class DoesNotFit(ConfigError):
+    """A refusal whose every problem is that the plan does not fit (the memory per rank, this host's
+    memory or cores, or no layout of parallelism=auto): an adaptive sweep skips such a point and goes
+    on (`qwen3exp.launchers.batch`), where any other refusal stops the launch."""
+
+    objective: tuple[str, str] | None = None
+    """(metric, direction) the refused job would have returned (`Experiment.objective`), when known."""
 
 
 def memory_fit(
@@ -20,8 +36,12 @@ def memory_fit(
     """The per-rank memory estimate, and the problems of a plan that does not fit in it or on this
     host's memory and cores (a dry run adds them to `warnings` instead, as loudly)."""
     t = exp.training
+    runtime, retained = MEASURED_BESIDE[facts.name](exp)
+    # model=hf un-ties tied embeddings before FSDP (torchtitan's transformers backend: FSDP2 cannot
+    # share a parameter between units), so its ranks hold an lm_head of their own.
+    held = replace(arch, tied=False) if isinstance(exp.model, HFModel) and arch.tied else arch
     mem = memory.estimate(
-        arch,
+        held,
         mesh.degrees,
         local_batch_size=t.local_batch_size,
         seq_len=t.seq_len,
@@ -30,6 +50,8 @@ def memory_fit(
         activation_checkpoint=t.activation_checkpoint,
         budget=facts.memory_per_rank_bytes,
         trainable=memory.trainable_of(arch, exp.peft),
+        runtime=runtime,
+        retained_fraction=retained,
     )
     problems: list[Problem] = []
     if not mem.fits:
@@ -43,7 +65,7 @@ def memory_fit(
         exp,
         facts,
         ranks=mesh.nproc_per_node,
-        plan_bytes_per_rank=mem.total if mem.fits else None,
+        plan_bytes_per_rank=mem.total + mem.transients if mem.fits else None,
         total_params=total_params,
     ):
         if exp.dry_run:
@@ -58,7 +80,7 @@ def memory_fit(
 
 def memory_problem(exp: Experiment, mem: memory.Memory) -> Problem:
     g = memory.gib
-    need = mem.total / memory.USABLE_FRACTION
+    need = (mem.total + mem.transients) / memory.USABLE_FRACTION
     hints = []
     if exp.training.activation_checkpoint != "full":
         hints.append("training.activation_checkpoint=full")
@@ -86,9 +108,10 @@ def memory_problem(exp: Experiment, mem: memory.Memory) -> Problem:
     return Problem(
         key,
         value,
-        f"the plan needs about {g(mem.total)} per rank (parameters {g(mem.parameters)}, gradients "
-        f"{g(mem.gradients)}, optimizer {g(mem.optimizer)}, FSDP buffers {g(mem.fsdp_buffers)}, activations "
-        f"{g(mem.activations)}) but {int(memory.USABLE_FRACTION * 100)}% of the {g(mem.budget)} per rank is "
+        f"the plan needs about {g(mem.total + mem.transients)} per rank (parameters {g(mem.parameters)}, "
+        f"gradients {g(mem.gradients)}, optimizer {g(mem.optimizer)}, FSDP buffers {g(mem.fsdp_buffers)}, "
+        f"activations {g(mem.activations)}, a step's transients {g(mem.transients)}) but "
+        f"{int(memory.USABLE_FRACTION * 100)}% of the {g(mem.budget)} per rank is "
         f"{g(mem.usable)}",
         f"a plan needing at most {g(mem.usable)} per rank (a budget of at least {g(need)} per rank)",
         "try: " + ", ".join(hints),

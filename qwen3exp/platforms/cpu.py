@@ -17,7 +17,7 @@ Each adaptation states the upstream behaviour it answers:
    SDPA path creates no block mask, and model compilation stays off unless training.compile=true.
 
 Before launch (`host_problems`): the ranks of this node share its memory and cores. The plan's
-per-rank estimate counts the model only; `HostMemory` adds what the processes of a launch hold
+per-rank step peak (total + transients) counts the model only; `HostMemory` adds what the processes of a launch hold
 beside it (measured, see `RANK_RUNTIME_BYTES`): each rank's runtime and transients, the torchrun
 agent, and this launcher, whose own peak comes while it completes and verifies an HF export (after
 the ranks have exited). The larger of the two phases must fit in what the host has available now.
@@ -78,9 +78,19 @@ launcher, agent and ranks, where the 914 MiB runtime above gives a figure of 2,5
 runtime counted is therefore 1,230 MiB (914 + 316, the difference per rank), so the figure covers
 the larger of the two machines (1.0x there, about 1.25x here): a check that refuses a little early
 rather than one that lets the host run out of memory."""
-RANK_TRANSIENT_FRACTION = 1.0
-"""A rank's transients (casts, optimizer temporaries, freed activations the allocator keeps) as a
-fraction of its plan: 0.55-1.50 measured (above), so the plan counts about twice."""
+MEASURED_RUNTIME_BYTES = {"native": 930 * MIB, "hf": 1000 * MIB}
+"""What a rank's measure (its resident peak, VmHWM: `cpu_device`) holds beside the model, by model
+backend: Python, torch, torchtitan, the data (model=hf adds transformers). Measured on the tiny rows
+of tests/bench/bench_memory.py (torch 2.14.1, torchtitan 0.3.0, this 2-core host; the tiny model's
+own plan subtracted). The clean-clone CI machine measured 316 MiB more per rank (`RANK_RUNTIME_BYTES`,
+which the host check keeps to refuse early); this figure is for the score, not the refusal."""
+RETAINED_FRACTION = 0.0
+"""Of the model's step peak, what glibc's heap keeps resident after torch frees it (VmHWM counts
+it): 0 here, because the rows it was measured on fitted it into `memory_peak.HEAD_COPIES`."""
+RANK_TRANSIENT_FRACTION = 0.15
+"""What a rank holds beyond the plan's step peak (total + transients, `qwen3exp.plan.memory_peak`),
+as a fraction of it: heap the allocator keeps, 0-8% measured on tests/bench/bench_memory.py's rows,
+and a margin. (Before the step peak was modelled, the plan's total alone: 0.55-1.50 of it, above.)"""
 AGENT_BYTES = 650 * MIB
 """The torchrun agent of this node (647 MiB measured beside 2 ranks)."""
 LAUNCHER_BYTES = 50 * MIB
@@ -91,6 +101,17 @@ measured), transformers to verify an HF export (768 MiB beside the model)."""
 VERIFY_BYTES_PER_PARAM = 4
 """The HF export's verification loads the model with transformers in float32, reading the export's
 shards through mmap (their dtype's bytes per parameter come on top)."""
+FLOPS_PER_THREAD = 25e9
+"""What one CPU thread sustains in float32 matrix products, for parallelism=auto's cost model: 24.8
+GFLOP/s measured here (torch 2.14.1, one thread, 1024 x 1024 float32 matmul, AMD EPYC, 2 cores).
+A rank gets its threads' worth (platform.threads_per_rank, or cores / ranks)."""
+GLOO_BYTES_PER_S = 3e7
+"""What a CPU rank sends per second in FSDP's collectives over gloo on one host: measured here
+between 2 ranks (torch 2.14.1, 64 MiB float32, one thread each): all_gather_into_tensor 29 MB/s,
+reduce_scatter_tensor 24 MB/s of data sent per rank (all_reduce is faster, 0.2 GB/s, but FSDP does
+not use it). Slow, so on the CPU the cost model weighs communication heavily, as a run does."""
+NETWORK_BYTES_PER_S = 1.25e9
+"""Between CPU nodes: an assumed 10 Gb/s Ethernet link per node, shared by the node's ranks."""
 OVERSUBSCRIPTION_LIMIT = 4
 """Threads per core beyond which a CPU launch is refused (from 1 it is a warning: slow, but it works)."""
 
@@ -230,6 +251,9 @@ def facts(cfg, *, nproc_per_node: int | None, dry_run: bool = False, reason: str
         devices_per_node=cores,
         # Ranks may share cores (slow, but it works): the plan warns instead of refusing.
         devices_exclusive=False,
+        sustained_flops_per_rank=FLOPS_PER_THREAD * threads,
+        link_bytes_per_s=GLOO_BYTES_PER_S,
+        network_bytes_per_s=min(GLOO_BYTES_PER_S, NETWORK_BYTES_PER_S / ranks),
     )
 
 
@@ -263,3 +287,9 @@ def launch_problems(
 
 def device_names() -> list[str]:
     return [cpu_name()]
+
+
+def measured_beside(exp) -> tuple[int, float]:
+    """(runtime bytes, retained fraction) a rank's measured peak holds beside the model's step peak
+    (`qwen3exp.plan.memory.estimate`'s `runtime`, `retained_fraction`)."""
+    return MEASURED_RUNTIME_BYTES[exp.model.backend], RETAINED_FRACTION

@@ -21,11 +21,20 @@ from typing import Any
 from qwen3exp.config.sections.platform import CudaPlatform
 from qwen3exp.errors import ConfigError, Problem
 from qwen3exp.platforms import probe
-from qwen3exp.platforms.variant import ALLOWED, PeakFlops, PlatformFacts, section_name
+from qwen3exp.platforms.variant import ALLOWED, SUSTAINED_FRACTION_OF_PEAK, PeakFlops, PlatformFacts, section_name
 from qwen3exp.units import GIB
 
 SECTION = CudaPlatform
 NAME = section_name(SECTION)
+
+# parallelism=auto's cost model (`qwen3exp.plan.layout_cost`) on GPUs: an H100 SXM node, the 80 GiB
+# GPU that platform.assumed_memory_gib plans for. Stated by NVIDIA's H100 datasheet: 989 TFLOP/s dense
+# BF16 (also torchtitan's peak-FLOPs table for H100 SXM), NVLink 900 GB/s per GPU (both directions,
+# so 450 GB/s sent), and a DGX H100 node's eight 400 Gb/s NDR InfiniBand ports: 50 GB/s per GPU.
+ASSUMED_PEAK_FLOPS = 989e12
+"""Peak BF16 FLOP/s per GPU when no GPU was probed (a dry run elsewhere)."""
+NVLINK_BYTES_PER_S = 450e9
+NETWORK_BYTES_PER_S = 50e9
 
 
 def device_hint() -> str | None:
@@ -94,6 +103,9 @@ def facts(cfg, *, nproc_per_node: int | None, dry_run: bool, reason: str) -> Pla
         # One rank per GPU: the plan refuses more ranks than visible GPUs (unknown without a GPU).
         devices_per_node=count or None,
         devices_exclusive=True,
+        sustained_flops_per_rank=(peak or ASSUMED_PEAK_FLOPS) * SUSTAINED_FRACTION_OF_PEAK,
+        link_bytes_per_s=NVLINK_BYTES_PER_S,
+        network_bytes_per_s=NETWORK_BYTES_PER_S,
     )
 
 
@@ -121,6 +133,18 @@ def launch_problems(
     exp, facts: PlatformFacts, *, ranks: int, plan_bytes_per_rank: int | None, total_params: int = 0
 ) -> list[Problem]:
     return []  # a GPU's memory is the device's, checked by the plan
+
+
+RESERVED_FRACTION = 0.10
+"""What the caching allocator reserves beyond the model's step peak (freed blocks it keeps,
+fragmentation), as torch.cuda.max_memory_reserved counts it: an assumption (no GPU has measured it
+here yet); tests/gpu/bench_memory_cuda.sh measures it. The CUDA context is outside the measure."""
+
+
+def measured_beside(exp) -> tuple[int, float]:
+    """(runtime bytes, retained fraction) beside the model's step peak in what a rank measures
+    (max_memory_reserved): no runtime, the allocator's reserve."""
+    return 0, RESERVED_FRACTION
 
 
 def device_names() -> list[str]:

@@ -7,7 +7,8 @@ is checked on every run, not once.
   `qwen3exp.platforms.cpu_device`). A rank rewrites `logs/memory_rank<R>.json` (atomically) only
   when its peak grows, so a run that fails keeps the peak it reached. The launcher reads this
   launch's files back (`measured_peak`) and summary.json gets `memory_predicted_gib` (the plan's
-  per-rank estimate, plan.json `memory.total`), `memory_measured_gib` (the largest over the logged
+  per-rank peak as the platform measures it, plan.json `memory.peak`: the model's step peak plus
+  what the measure counts beside it, `qwen3exp.plan.memory`), `memory_measured_gib` (the largest over the logged
   steps and the ranks), `memory_measured_rank` (the rank that held it) and `memory_ratio`
   (measured / predicted), from `memory_score`.
 - A measured peak above `TOLERANCE` times the prediction means the plan under-estimates: its fit
@@ -80,7 +81,7 @@ def measured_peak(logs: Path, *, since: float) -> tuple[float, int] | None:
 
 
 def memory_score(predicted_bytes: int | None, logs: Path, *, wall: float) -> dict:
-    """summary.json's memory keys: the plan's per-rank estimate, the peak this launch measured (the
+    """summary.json's memory keys: the plan's per-rank peak (`Memory.peak`), the peak this launch measured (the
     launch began `wall` seconds ago) and their ratio (None where either is missing)."""
     predicted = predicted_bytes / GIB if predicted_bytes else None
     measured = measured_peak(logs, since=time.time() - wall)
