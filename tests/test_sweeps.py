@@ -199,7 +199,17 @@ def test_report_table_has_a_row_per_run_and_the_varied_keys(sweep):
     rows = list(csv.DictReader(io.StringIO(r.stdout)))
     assert len(rows) == 4
     assert list(rows[0])[:3] == ["run", "training.lr", "training.seed"]
-    assert list(rows[0])[3:] == ["status", "steps", "final loss", "val loss", "tokens/s", "peak mem GiB", "wall s"]
+    assert list(rows[0])[3:] == [
+        "status",
+        "steps",
+        "final loss",
+        "val loss",
+        "tokens/s",
+        "plan mem GiB",
+        "peak mem GiB",
+        "mem ratio",
+        "wall s",
+    ]
     assert {(row["training.lr"], row["training.seed"]) for row in rows} == set(POINTS)
     for row in rows:
         run = d / row["run"]
@@ -207,6 +217,7 @@ def test_report_table_has_a_row_per_run_and_the_varied_keys(sweep):
         assert float(row["final loss"]) == read_metrics(run)[-1]["loss"]
         assert float(row["val loss"]) == read_summary(run)["val_loss"]
         assert float(row["tokens/s"]) > 0 and float(row["peak mem GiB"]) > 0 and float(row["wall s"]) > 0
+        assert float(row["mem ratio"]) == pytest.approx(float(row["peak mem GiB"]) / float(row["plan mem GiB"]))
     # Ranked by the objective (the validation loss, minimized), best first.
     assert [float(row["val loss"]) for row in rows] == sorted(float(row["val loss"]) for row in rows)
     md = run_cli(str(d), "--format", "markdown", "--no-files", module="qwen3exp.analysis.report").stdout

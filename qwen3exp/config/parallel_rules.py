@@ -159,3 +159,28 @@ def _nearest_hint(key: str, value: int, options: list[int]) -> str | None:
         return None
     best = min(options, key=lambda o: (abs(o - value), o))
     return f"nearest valid value: {key}={best}"
+
+
+def context_parallel_problems(model: Any, parallelism: Parallelism, attention: str) -> list[Problem]:
+    """parallelism.cp > 1 where torchtitan 0.3.0 refuses it inside a rank (`attention`: the attention
+    the run uses, model.attention with auto resolved by the platform):
+    - its context parallelism wraps only FlexAttention and its own SDPA module
+      (`distributed/context_parallel/api.py`: `apply_cp_to_forward` raises NotImplementedError for
+      any other module), and qwen3exp's document-masked SDPA (attention sdpa: the CPU, Neuron) is
+      neither;
+    - the Transformers backend refuses the default "headtail" load balancer under context
+      parallelism (`HFTransformerTrainer._validate_cp_load_balancer`), which qwen3exp keeps."""
+    cp = parallelism.cp
+    if cp == 1:
+        return []
+    if model.backend == "hf":
+        why = "torchtitan's Transformers backend (model=hf) refuses context parallelism with its default load balancer"
+        return [Problem("parallelism.cp", cp, why, "1 with model=hf", "use model=native with FlexAttention")]
+    if attention != "flex":
+        why = (
+            f"context parallelism needs FlexAttention, and this run's attention is {attention} (qwen3exp's "
+            "document-masked SDPA), which torchtitan's context parallelism cannot wrap"
+        )
+        hint = "model.attention=flex where the platform has it (cuda); else training.activation_checkpoint"
+        return [Problem("parallelism.cp", cp, why, "1 unless the attention is flex", hint)]
+    return []

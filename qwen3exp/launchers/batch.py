@@ -18,11 +18,17 @@ Every run is a one-job batch whose job folder is the run directory (`hydra.sweep
 
 Each job hands its objective (`sweep.objective`, from its summary.json) back to the sweeper as
 Hydra's `JobReturn.return_value` (`returns.for_sweeper`).
+
+A point refused only because it does not fit (`DoesNotFit`: the memory per rank, the host, no
+layout of parallelism=auto) stops a grid like any refusal (exit 2, every point named); an adaptive
+sweeper (Optuna) chose it itself, so there it starts nothing, is named on stderr, and goes back to
+the sweeper as the worst value of its objective (`refused_return`), and the search goes on.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -40,6 +46,7 @@ from qwen3exp.launchers.protocol import Launcher
 from qwen3exp.launchers.rerun import run_dir_problems
 from qwen3exp.launchers.returns import for_sweeper, job_return, run_one
 from qwen3exp.launchers.state import checked, mark_started, refuse
+from qwen3exp.plan.memory_fit import DoesNotFit
 from qwen3exp.plan.render import print_plans
 from qwen3exp.run import disk, identity
 from qwen3exp.run.redact import redact_hydra_record
@@ -57,9 +64,14 @@ def launch(
     register_resolvers()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     single = str(OmegaConf.select(config, "hydra.sweep.subdir", default="")) == "."
-    cfgs, points, jobs, launcher = checked(
-        _check_batch, config, hydra_context, job_overrides, initial_job_idx, single, prechecked
+    basic = OmegaConf.select(config, "hydra.sweeper._target_", default=None) in (None, BASIC_SWEEPER)
+    cfgs, points, jobs, launcher, refused = checked(
+        _check_batch, config, hydra_context, job_overrides, initial_job_idx, single or basic, prechecked
     )
+    skipped = {i: refused_return(cfg, e) for i, (cfg, e) in refused.items()}  # said now, before any job runs
+    if not points:
+        return list(skipped.values())
+    assert launcher is not None, "a batch with points has a launcher"
     dry = any(p.exp.dry_run for p in points)
     if not single:
         print(sweep.describe(jobs, sweep_dir), flush=True)
@@ -77,8 +89,23 @@ def launch(
         returns = [
             _run_here(hydra_context, cfg, point, job) for cfg, point, job in zip(cfgs, points, jobs, strict=True)
         ]
-    basic = OmegaConf.select(config, "hydra.sweeper._target_", default=None) in (None, BASIC_SWEEPER)
-    return [for_sweeper(ret, Path(p.run_dir), basic=basic) for ret, p in zip(returns, points, strict=True)]
+    ran = iter(for_sweeper(ret, Path(p.run_dir), basic=basic) for ret, p in zip(returns, points, strict=True))
+    return [skipped[i] if i in skipped else next(ran) for i in range(len(job_overrides))]
+
+
+def refused_return(cfg, e: DoesNotFit):
+    """What an adaptive sweeper gets for a point refused because it does not fit: the worst value of
+    its objective (+inf minimized, -inf maximized). A failed trial would stop an Optuna search at
+    the default hydra.sweeper.max_failure_rate (0), and the sampler learns nothing from it; the worst
+    value keeps the search going to its budget and steers the sampler away from sizes that do not fit."""
+    _, direction = e.objective or ("objective", "minimize")
+    value = float("inf") if direction == "minimize" else float("-inf")
+    print(
+        f"{e.render()}\nqwen3exp: not started; the sweeper gets {value} for it and goes on", file=sys.stderr, flush=True
+    )
+    ret = job_return(cfg, {})
+    ret.return_value = value
+    return ret
 
 
 def _run_here(hydra_context, cfg, point: Point, job):
@@ -89,13 +116,16 @@ def _run_here(hydra_context, cfg, point: Point, job):
 
 
 def _check_batch(
-    config, hydra_context, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, single: bool, prechecked
-) -> tuple[list, list[Point], list, Launcher]:
+    config, hydra_context, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, strict: bool, prechecked
+) -> tuple[list, list[Point], list, Launcher | None, dict]:
     """Compose, check and plan every job of the batch; refuse (exit 2) with every problem of every
-    job. Returns (configs, points, sweep jobs, the launcher that runs them)."""
+    job, except (`strict` false: an adaptive sweeper's batch) a job refused only because it does not
+    fit. Returns (configs, points, sweep jobs, the launcher that runs them, and those refused jobs:
+    {index in the batch: (config, DoesNotFit)})."""
     loader = hydra_context.config_loader
     files = HydraFiles(loader, str(config.hydra.job.config_name), list(config.hydra.overrides.hydra))
-    cfgs, points, errors = [], [], []
+    single = str(OmegaConf.select(config, "hydra.sweep.subdir", default="")) == "."
+    cfgs, points, errors, refused = [], [], [], {}
     for i, overrides in enumerate(job_overrides):
         idx = initial_job_idx + i
         label = printable(" ".join(o for o in overrides if not o.startswith("hydra.")), 300)
@@ -111,13 +141,20 @@ def _check_batch(
         try:
             points.append(check_job(cfg, files, list(overrides), context=context, prechecked=prechecked))
             cfgs.append(cfg)
+        except DoesNotFit as e:
+            if strict:
+                errors.append(e)
+            else:
+                refused[i] = (cfg, e)
         except ConfigError as e:
             errors.append(e)
     if errors:
         refuse(ConfigError.several(errors))
+    if not points:
+        return cfgs, points, [], None, refused
     try:
         launcher = registry.of_batch([p.exp.launcher for p in points])
-        return cfgs, points, _jobs(config, points, initial_job_idx, single), launcher
+        return cfgs, points, _jobs(config, points, initial_job_idx, single), launcher, refused
     except ConfigError as e:
         refuse(e)
         raise

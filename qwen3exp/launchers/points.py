@@ -18,6 +18,7 @@ from qwen3exp.config.precheck import Prechecked, validated
 from qwen3exp.config.schema import Experiment
 from qwen3exp.errors import MISSING, ConfigError, Problem
 from qwen3exp.plan.build import Plan, make_plan, section_problems
+from qwen3exp.plan.memory_fit import DoesNotFit
 from qwen3exp.titan.job_config import override_claims
 
 
@@ -105,16 +106,21 @@ def check_job(
         problems = _merge(problems, section_problems(checked.sections, checked.replaced))
     provenance = files.provenance(overrides)
     run_dir = run_dir if run_dir is not None else job_dir(cfg)
-    plan = None
+    plan, unfit = None, None
     if not problems and exp is not None:
         try:
             plan = make_plan(exp, run_dir, overrides=overrides, provenance=provenance, claims_of=override_claims)
         except ConfigError as e:
             problems = e.problems
+            unfit = exp.objective if isinstance(e, DoesNotFit) else None
     if problems:
-        raise ConfigError([_with_source(p, provenance) for p in problems], context=context)
+        sourced = [_with_source(p, provenance) for p in problems]
+        if unfit is not None:  # refused only because it does not fit: an adaptive sweep goes on
+            raise DoesNotFit(sourced, context=context, objective=unfit)
+        raise ConfigError(sourced, context=context)
     assert exp is not None and plan is not None
-    return Point(list(overrides), exp, run_dir, plan, provenance)
+    # The plan's experiment: the one checked, with a value for every key written `auto`.
+    return Point(list(overrides), plan.exp, run_dir, plan, provenance)
 
 
 def planned_here(point: Point, run_dir: Path) -> Plan:

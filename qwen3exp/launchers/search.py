@@ -6,8 +6,11 @@ The points are not known before the sweeper runs, so:
   any trial of it starts, like any batch (`qwen3exp.launchers.batch`);
 - before the first trial, representative points are checked and planned (`check_space`: each
   value of a list or choice(), both ends of each interval()), so a value the schema refuses is
-  exit 2 before any trial starts; `dry_run=true` does not pretend to know the points (`dry_run`):
-  it prints the search space, the trial budget and the first representative point's plan;
+  exit 2 before any trial starts; a point that only does not fit (a batch too large for the memory)
+  is said and the search starts anyway: such trials are refused when the sweeper picks them and go
+  back to it as the worst value (`batch.refused_return`), unless no representative point fits;
+  `dry_run=true` does not pretend to know the points (`dry_run`): it prints the search space, the
+  trial budget and the first representative point's plan;
 - the sweeper's direction must agree with the objective the jobs return (`sweep.objective`):
   minimizing tokens/s would be exit 2, not a search for the slowest run (`direction_problems`);
 - a search with a storage (Optuna: `hydra.sweeper.storage`, e.g. SQLite in the sweep directory)
@@ -32,6 +35,7 @@ from qwen3exp.config.precheck import Master
 from qwen3exp.config.sweeps import representative_values
 from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError, Problem
 from qwen3exp.launchers.points import HydraFiles, check_job
+from qwen3exp.plan.memory_fit import DoesNotFit
 from qwen3exp.plan.render import print_plans
 from qwen3exp.run.rundir import IDENTITY_IGNORES
 
@@ -113,7 +117,9 @@ def representative_points(master: Master, inv: Invocation) -> list[list[str]]:
 def check_space(master: Master, inv: Invocation) -> list:
     """Check and plan the representative points (`representative_points`); raises ConfigError with
     every problem of every point, or about the sweeper's direction. Runs and writes nothing."""
-    points, errors = [], []
+    points: list = []
+    errors: list[ConfigError] = []
+    unfit: list[ConfigError] = []
     with Composer(inv.config_dir, inv.config_name) as c:
         searchpath = [o for o in inv.overrides if o.split("=", 1)[0] == "hydra.searchpath"]
         files = HydraFiles(c.loader, inv.config_name, searchpath)
@@ -133,10 +139,17 @@ def check_space(master: Master, inv: Invocation) -> list:
                         run_dir=str(Path(master.output_dir) / folder),
                     )
                 )
+            except DoesNotFit as e:
+                unfit.append(e)
             except ConfigError as e:
                 errors.append(e)
-    if errors:
-        raise ConfigError.several(errors)
+    if errors or (unfit and not points):
+        raise ConfigError.several(errors or unfit)
+    for refusal in unfit:  # the search starts: such trials are refused when the sweeper picks them
+        print(
+            f"{refusal.render()}\nqwen3exp: trials there will be refused before launch; the search goes on",
+            file=sys.stderr,
+        )
     if points and (problems := direction_problems(master, points[0].exp)):
         raise ConfigError(problems)
     return points

@@ -13,6 +13,7 @@ from typing import Any
 from qwen3exp.config.flavors import Arch
 from qwen3exp.config.schema import Experiment
 from qwen3exp.plan import memory
+from qwen3exp.plan.auto_layout import Layout
 from qwen3exp.plan.batches import Batches
 from qwen3exp.plan.checkpoint_verdict import CheckpointVerdict
 from qwen3exp.plan.mesh import Mesh
@@ -65,6 +66,8 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     data: dict = field(default_factory=dict)
     """The data's figures (`qwen3exp.plan.data_figures.DataFigures.as_json`): documents, tokens, epochs, separator."""
+    layout: Layout | None = None
+    """What parallelism=auto / training.*=auto chose and why (`qwen3exp.plan.auto_layout`); None: nothing was auto."""
 
     def as_json(self) -> dict:
         """The plan as plan.json holds it (`qwen3exp.run.rundir.PLAN`; the experiment itself is in experiment.yaml)."""
@@ -86,6 +89,7 @@ class Plan:
             "provenance": {k: {"value": v, "source": str(s)} for k, v, s in self.provenance},
             "warnings": self.warnings,
             "data": self.data,
+            "auto_layout": self.layout.as_json() if self.layout is not None else None,
         }
 
 

@@ -57,6 +57,23 @@ class PlatformFacts:
     them with the run directory), e.g. the Neuron compile cache."""
     comm_init_timeout_s: int | None = None
     """torchtitan's timeout for collectives up to the end of step 1; None: torchtitan's default."""
+    sustained_flops_per_rank: float | None = None
+    """FLOP/s a training step sustains on one rank, as the platform module states it (its source is in
+    that module): the compute rate of parallelism=auto's cost model (`qwen3exp.plan.layout_cost`)."""
+    link_bytes_per_s: float | None = None
+    """Bytes per second one rank sends in a collective among ranks of its node (one direction), as
+    stated by the platform module; the cost model's bandwidth for groups inside a node."""
+    network_bytes_per_s: float | None = None
+    """Bytes per second one rank sends to ranks on other nodes (its share of the node's network);
+    the cost model's bandwidth for groups that span nodes."""
+
+
+SUSTAINED_FRACTION_OF_PEAK = 0.4
+"""The fraction of an accelerator's peak FLOP/s a training step sustains, for planning (the CUDA and
+Neuron modules state their peak per rank). An assumption, not a measurement: published FSDP
+trainings of dense LLMs on H100-class GPUs report roughly 30-50% MFU, and 0.4 is the middle. The
+cost model only ranks layouts, so one fraction for every accelerator keeps compute against
+communication in proportion without pretending to know each kernel's efficiency."""
 
 
 def section_name(section: type[BaseModel]) -> str:

@@ -1,23 +1,32 @@
-"""The `training` section: steps, batch, optimizer and precision."""
+"""The `training` section: steps, batch, optimizer and precision.
+
+`local_batch_size` and `activation_checkpoint` may be `auto`: the plan chooses them before anything
+starts (`qwen3exp.plan.auto_layout`; see `qwen3exp.config.sections.auto_values`)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
+from qwen3exp.config.sections.auto_values import validate_with_auto
 from qwen3exp.config.sections.base import INT_MAX, NonNegInt, PosInt, Strict, tagged
 
 LOSS_CHUNKS = 8
 """The chunks torchtitan's `ChunkedLossWrapper` cuts a rank's tokens into (`to_torchtitan` keeps
 num_chunks=8): seq_len / cp must divide by it (`qwen3exp.config.parallel_rules.sequence_problems`), and the
 loss logits of one chunk are what the memory estimate counts (`qwen3exp.plan.memory`)."""
+AC_MODES = ("none", "selective", "full")
+"""training.activation_checkpoint's modes (besides `auto`, which chooses one of them)."""
+STAND_IN: dict[str, Any] = {"local_batch_size": 1, "activation_checkpoint": "none"}
+"""What a field written `auto` holds until the plan chooses it."""
 
 
 class Training(Strict):
     steps: PosInt = 30
     seq_len: PosInt = 256
     local_batch_size: PosInt = 8
+    """Sequences per rank per micro-batch; `auto`: the plan chooses (the fastest predicted that fits)."""
     global_batch_size: Annotated[int, Field(le=INT_MAX)] = -1
     """-1: local_batch_size x data-parallel degree (no gradient accumulation)."""
     lr: Annotated[float, Field(gt=0)] = 3e-3
@@ -35,8 +44,21 @@ class Training(Strict):
     mixed_precision_param: Literal["float32", "bfloat16"] = "float32"
     """Dtype FSDP all-gathers parameters in for compute."""
     activation_checkpoint: Literal["none", "selective", "full"] = "none"
+    """Recompute activations in the backward pass: none, selective (torchtitan's op-level SAC) or
+    full (every block); `auto`: the plan chooses."""
     compile: bool = False
     """torch.compile the model and loss (backend chosen by the platform)."""
+    _auto: frozenset[str] = PrivateAttr(default=frozenset())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _auto_fields(cls, data: Any, handler) -> Training:
+        return validate_with_auto(data, handler, STAND_IN)
+
+    @property
+    def auto(self) -> frozenset[str]:
+        """The fields written `auto` (they hold `STAND_IN` until the plan chooses)."""
+        return self._auto
 
     @property
     def warmup(self) -> int:
