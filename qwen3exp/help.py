@@ -37,7 +37,7 @@ usage: qwen3exp [group=option ...] [key=value ...]     (python -m qwen3exp is th
                                           fish: qwen3exp -sc install=fish | source
 """
 
-DOCS = "Docs: the README shipped with qwen3exp (pip show -f qwen3exp), sections Configuration and Commands."
+DOCS = "Docs: README.md and docs/ of the qwen3exp repository (every key: docs/configuration.md; every command: docs/terminal.md)."
 
 
 def render(inv: Invocation) -> str:

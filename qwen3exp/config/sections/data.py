@@ -24,6 +24,7 @@ class LocalData(Strict):
     """A .jsonl file (one {"text": ...} per line), a .txt file (one document per blank-line
     separated paragraph), or a folder of such files."""
     text_field: str = "text"
+    """The field of each JSON record that holds its text."""
     eos: str | None = None
     """The token that ends each document (the separator between packed documents). null: the model's
     end-of-text token (`<|endoftext|>` when the tokenizer has it, else its eos_token)."""
@@ -102,6 +103,7 @@ class Validation(Strict):
     """A held-out loss, measured by torchtitan's validator on documents no training step reads."""
 
     enable: bool = True
+    """Measure a held-out loss with torchtitan's validator."""
     freq: PosInt = 10
     """Validate at step 1, every `freq` steps and at the last step."""
     steps: PosInt = 2

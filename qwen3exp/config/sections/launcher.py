@@ -14,6 +14,7 @@ class LocalLauncher(Strict):
 
     kind: Literal["local"] = "local"
     nnodes: NodeCount = 1
+    """Nodes of the run (one launcher per node, each with the same nnodes and rdzv_endpoint)."""
     nproc_per_node: PerNode | None = None
     """Ranks per node; None: the platform decides (cpu: platform.ranks_per_node)."""
     node_rank: NonNegInt | None = None

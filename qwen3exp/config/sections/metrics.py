@@ -11,6 +11,7 @@ from qwen3exp.config.sections.base import PosInt, Strict
 
 class Metrics(Strict):
     log_freq: PosInt = 1
+    """Log (metrics.jsonl, the progress line, the trackers) every n steps."""
     tensorboard: bool = True
     """TensorBoard event files under the run directory's tb/."""
     wandb: bool = False

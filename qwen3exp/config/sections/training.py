@@ -24,21 +24,31 @@ STAND_IN: dict[str, Any] = {"local_batch_size": 1, "activation_checkpoint": "non
 
 class Training(Strict):
     steps: PosInt = 30
+    """Optimizer steps."""
     seq_len: PosInt = 256
+    """Tokens per sequence (sample)."""
     local_batch_size: PosInt = 8
     """Sequences per rank per micro-batch; `auto`: the plan chooses (the fastest predicted that fits)."""
     global_batch_size: Annotated[int, Field(le=INT_MAX)] = -1
-    """-1: local_batch_size x data-parallel degree (no gradient accumulation)."""
+    """-1: local_batch_size x data-parallel degree (no gradient accumulation); a larger multiple of
+    it accumulates gradients."""
     lr: Annotated[float, Field(gt=0)] = 3e-3
+    """AdamW peak learning rate (after the warm-up)."""
     warmup_steps: NonNegInt | None = None
     """Linear warm-up steps. None: derived from `steps` (`warmup`: min(5, max(1, steps // 5))), so that
     a short smoke test (training.steps=3) needs no second override; an explicit value must fit."""
     decay_type: Literal["linear", "sqrt", "cosine"] = "cosine"
+    """How the learning rate decays after the warm-up, down to lr x min_lr_factor."""
     min_lr_factor: Annotated[float, Field(ge=0, le=1)] = 0.1
+    """The final learning rate as a fraction of `lr`."""
     weight_decay: Annotated[float, Field(ge=0)] = 0.1
+    """AdamW weight decay."""
     max_norm: Annotated[float, Field(gt=0)] = 1.0
+    """Gradient clipping: the largest total gradient norm."""
     seed: NonNegInt = 42
+    """Seed of the initialisation and the data order."""
     deterministic: bool = False
+    """torch deterministic algorithms."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Dtype of the parameters as stored (FSDP keeps float32 master weights by default)."""
     mixed_precision_param: Literal["float32", "bfloat16"] = "float32"
