@@ -1,6 +1,6 @@
 """Print the plan of a dry run (`python -m qwen3exp dry_run=true ...`): one block per point.
 
-The format is documented in README.md ("Plan before you spend"). With a sweep, the first point
+The format is documented in docs/plan.md. With a sweep, the first point
 lists every key with its source; later points list only the keys that differ from the first.
 After a plan comes the first training sample, its trained tokens marked (`sample_marks`; once per
 data set a sweep's points read).
