@@ -165,6 +165,19 @@ def test_help_and_info_work_from_the_wheel(installed):
     assert "n_layers: 1" in r.stdout and "name: mine" in r.stdout
 
 
+def test_ls_and_cp_from_the_wheel(installed, tmp_path):
+    """`qwen3exp ls` in the user's repository lists its experiment as theirs beside the packaged
+    ones; `cp` copies a packaged one (into a folder outside the repository: its git tree stays clean
+    for the provenance tests)."""
+    r = installed["run"]("ls", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert any(line.split()[:2] == ["mine", "yours"] for line in r.stdout.splitlines()), r.stdout
+    assert any(line.split()[:2] == ["tiny_native", "packaged"] for line in r.stdout.splitlines()), r.stdout
+    r = installed["run"]("cp", "tiny_native", "mine_native", "-cd", str(tmp_path), timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "name: mine_native" in (tmp_path / "experiment" / "mine_native.yaml").read_text()
+
+
 def test_dry_run_from_the_users_repo(installed):
     r = installed["run"]("-cd", "conf", "experiment=mine", "dry_run=true", timeout=180)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
