@@ -37,7 +37,10 @@ usage: qwen3exp [group=option ...] [key=value ...]     (python -m qwen3exp is th
                                           fish: qwen3exp -sc install=fish | source
 """
 
-DOCS = "Docs: README.md and docs/ of the qwen3exp repository (every key: docs/configuration.md; every command: docs/terminal.md)."
+DOCS = (
+    "Docs: README.md and docs/ of the qwen3exp repository "
+    "(every key: docs/configuration.md; every command: docs/terminal.md)."
+)
 
 
 def render(inv: Invocation) -> str:
