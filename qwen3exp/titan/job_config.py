@@ -21,7 +21,7 @@ from qwen3exp.config.flavors import Arch
 from qwen3exp.config.schema import Experiment
 from qwen3exp.config.sections.data import ChatData
 from qwen3exp.errors import ConfigError, Problem
-from qwen3exp.plan import model_files
+from qwen3exp.plan import auto_layout, model_files
 from qwen3exp.platforms import PlatformFacts
 from qwen3exp.run import rundir
 from qwen3exp.titan import dataset, overrides
@@ -136,7 +136,7 @@ def _model(exp: Experiment, facts: PlatformFacts, arch: Arch):
     """(the Trainer.Config class, its backend's own fields, the model spec) of the experiment's backend."""
     from torchtitan.trainer import Trainer  # lazy: torchtitan in the ranks
 
-    attention = facts.attention if exp.model.attention == "auto" else exp.model.attention
+    attention = auto_layout.attention(exp, facts)
     match exp.model.backend:
         case "native":
             model_spec = qwen3_model_spec(
