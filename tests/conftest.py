@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,60 +14,6 @@ from hf_fixtures import write_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
-
-# The README's test command runs the suite on 2 pytest-xdist workers, a module at a time
-# (`-n 2 --dist loadfile --no-loadscope-reorder`: a module fixture, the training its tests share, is
-# set up once), handed out longest first so that the last module to start is a short one. The order
-# comes from a measured run (`--durations=0`, summed per module); a module not named is short and
-# goes after these, in its usual order. The two SLURM modules are far apart: they never run their
-# clusters at once anyway (`machine_lock`).
-LONGEST_FIRST = (
-    "test_slurm_twonode",
-    "test_experiments",
-    "test_kernels_training",
-    "test_docs",
-    "test_hf_checkpoints",
-    "test_sweeps",
-    "test_hf_moe",
-    "test_search",
-    "test_lm_eval",
-    "test_chat",
-    "test_faults",
-    "test_dcp_resume",
-    "test_bad_inputs",
-    "test_fuzz",
-    "test_lora",
-    "test_slurm",
-    "test_installed",
-    "test_samples",
-    "test_cli",
-    "test_multinode",
-    "test_sft",
-    "test_sft_pack",
-    "test_rundir_safety",
-    "test_auto_layout",
-    "test_memory_score",
-    "test_report_compare",
-    "test_command_forms",
-)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.module.__name__ if item.module else "", len(rank)))
-
-
-@contextlib.contextmanager
-def machine_lock(name: str):
-    """Held while a test uses a machine-wide service (the SLURM daemons): the other xdist worker's
-    test that wants it waits here."""
-    with open(Path(tempfile.gettempdir()) / f"qwen3exp-tests-{name}.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def run_cli(

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import REPO, machine_lock, read_metrics, read_summary, run_cli
+from conftest import REPO, read_metrics, read_summary, run_cli
 from qwen3exp.run import rundir
 from runprocs import assert_no_survivors, kill_leftovers, start_cli, wait_for
 
@@ -53,13 +53,12 @@ def cluster():
     reason = _why_not()
     if reason:
         pytest.skip(reason)
-    with machine_lock("slurm"):
-        already_up = subprocess.run([str(SETUP), "status"], capture_output=True).returncode == 0
-        r = subprocess.run([str(SETUP), "start"], capture_output=True, text=True, timeout=900)
-        assert r.returncode == 0, f"setup_slurm.sh start failed:\n{r.stdout}\n{r.stderr}"
-        yield socket.gethostname().split(".")[0]
-        if not already_up:  # stop only what this fixture started
-            subprocess.run([str(SETUP), "stop"], capture_output=True, timeout=120)
+    already_up = subprocess.run([str(SETUP), "status"], capture_output=True).returncode == 0
+    r = subprocess.run([str(SETUP), "start"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, f"setup_slurm.sh start failed:\n{r.stdout}\n{r.stderr}"
+    yield socket.gethostname().split(".")[0]
+    if not already_up:  # stop only what this fixture started
+        subprocess.run([str(SETUP), "stop"], capture_output=True, timeout=120)
 
 
 def _jobs_ended_then_no_survivors(run_dir) -> None:

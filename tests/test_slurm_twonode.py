@@ -41,7 +41,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, machine_lock, read_metrics, read_summary
+from conftest import REPO, read_metrics, read_summary
 from runprocs import TINY, assert_no_survivors, env_with, free_port, kill_leftovers, metric_rows, start_cli, wait_for
 
 pytestmark = pytest.mark.slow
@@ -74,26 +74,25 @@ def cluster(tmp_path_factory):
     reason = _why_not()
     if reason:
         pytest.skip(reason)
-    with machine_lock("slurm"):  # the one-node cluster of tests/test_slurm.py is not up meanwhile
-        state = tmp_path_factory.mktemp("twonode")
-        # The reference run (1 node x 2 ranks, loopback) trains while the cluster starts (mostly waiting
-        # for the slurmds to register).
-        ref = tmp_path_factory.mktemp("reference") / "run"
-        reference = start_cli(*TINY, "launcher.nproc_per_node=2", f"hydra.run.dir={ref}", log=ref.parent / "log")
-        try:
-            r = subprocess.run([str(SCRIPT), "start", str(state)], capture_output=True, text=True, timeout=120)
-            assert r.returncode == 0, f"twonode.sh start failed:\n{r.stderr}"
-            info = dict(line.split("=", 1) for line in r.stdout.split() if "=" in line)
-            info["nodes"], info["addrs"], info["netns"] = (info[k].split(",") for k in ("NODES", "ADDRS", "NETNS"))
-            assert reference.wait(timeout=600) == 0, (ref.parent / "log").read_text()[-3000:]
-            info["reference"] = [row["loss"] for row in read_metrics(ref)]
-            assert len(info["reference"]) == 6
-            yield info
-        finally:
-            if reference.poll() is None:
-                reference.kill()
-            kill_leftovers(ref)
-            subprocess.run([str(SCRIPT), "stop", str(state)], capture_output=True, timeout=120)
+    state = tmp_path_factory.mktemp("twonode")
+    # The reference run (1 node x 2 ranks, loopback) trains while the cluster starts (mostly waiting
+    # for the slurmds to register).
+    ref = tmp_path_factory.mktemp("reference") / "run"
+    reference = start_cli(*TINY, "launcher.nproc_per_node=2", f"hydra.run.dir={ref}", log=ref.parent / "log")
+    try:
+        r = subprocess.run([str(SCRIPT), "start", str(state)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, f"twonode.sh start failed:\n{r.stderr}"
+        info = dict(line.split("=", 1) for line in r.stdout.split() if "=" in line)
+        info["nodes"], info["addrs"], info["netns"] = (info[k].split(",") for k in ("NODES", "ADDRS", "NETNS"))
+        assert reference.wait(timeout=600) == 0, (ref.parent / "log").read_text()[-3000:]
+        info["reference"] = [row["loss"] for row in read_metrics(ref)]
+        assert len(info["reference"]) == 6
+        yield info
+    finally:
+        if reference.poll() is None:
+            reference.kill()
+        kill_leftovers(ref)
+        subprocess.run([str(SCRIPT), "stop", str(state)], capture_output=True, timeout=120)
 
 
 @pytest.fixture

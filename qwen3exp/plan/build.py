@@ -46,7 +46,6 @@ from qwen3exp.plan import (
 from qwen3exp.plan.auto_layout import Layout, attention
 from qwen3exp.plan.batches import Batches, batch_problems, resolve_batches
 from qwen3exp.plan.checkpoint_verdict import CheckpointVerdict, checkpoint_verdict
-from qwen3exp.plan.layout_cost import Shape, run_step
 from qwen3exp.plan.memory_fit import DoesNotFit, memory_fit
 from qwen3exp.plan.mesh import Mesh, mesh_problems, resolve_mesh
 from qwen3exp.plan.model_files import ModelFiles
@@ -160,8 +159,6 @@ def make_plan(
     if problems:
         raise DoesNotFit(problems) if problems == fit else ConfigError(problems)
     nnodes, nproc, folder = mesh.nnodes, mesh.nproc_per_node, Path(run_dir)
-    t = exp.training
-    shape = Shape(mesh.degrees, t.activation_checkpoint, t.local_batch_size, batches.grad_accum_steps)
     commands = placement.torchrun_commands(exp, where, nnodes=nnodes, nproc_per_node=nproc, run_dir=folder)
     command = placement.torchrun_argv(exp, where, nnodes=nnodes, nproc_per_node=nproc, run_dir=folder)
     return Plan(
@@ -186,7 +183,6 @@ def make_plan(
         provenance=auto_resolve.sources(provenance, exp, layout),
         warnings=warnings,
         layout=layout,
-        step=run_step(exp, arch, shape, nproc_per_node=nproc, facts=facts),
         data=data_figures.figures(exp, files.folder, batches).as_json(),
     )
 

@@ -32,10 +32,6 @@ behind compute (the step takes the larger of the two); TP, CP, EP and PP collect
 data and add to the step.
 Left out (the model ranks layouts; it promises no time): kernel efficiency by shape, the latency of
 each collective, the optimizer step, data loading, compilation.
-
-Every plan predicts its own layout's step (`run_step`, plan.json `step`), and every run keeps score:
-summary.json puts the median measured step next to it (`qwen3exp.run.scorecard.step_score`). The
-ratio says how far the rates above are from this host's; it warns nothing (the model ranks).
 """
 
 from __future__ import annotations
@@ -44,7 +40,6 @@ import math
 from dataclasses import dataclass
 
 from qwen3exp.config.flavors import Arch
-from qwen3exp.config.schema import Experiment
 from qwen3exp.plan import memory
 from qwen3exp.platforms import PlatformFacts
 
@@ -75,22 +70,6 @@ class StepCost:
     step_s: float
     tokens_per_s: float
     """Tokens of the whole step (every data-parallel replica) per predicted second."""
-
-
-def run_step(exp: Experiment, arch: Arch, shape: Shape, *, nproc_per_node: int, facts: PlatformFacts) -> StepCost:
-    """`step_cost` of `shape` with the rest from the experiment: seq_len, the compute dtype, the
-    fraction of the parameters that train (LoRA: the adapters)."""
-    trainable = memory.trainable_of(arch, exp.peft)
-    total = max(1, arch.param_counts()[0])
-    return step_cost(
-        arch,
-        shape,
-        seq_len=exp.training.seq_len,
-        compute_bytes=memory.DTYPE_BYTES[exp.training.mixed_precision_param],
-        trainable_fraction=1.0 if trainable is None else trainable / total,
-        nproc_per_node=nproc_per_node,
-        facts=facts,
-    )
 
 
 def flops_per_token(arch: Arch, seq_len: int, activation_checkpoint: str) -> float:
