@@ -164,7 +164,8 @@ def test_sigkill_of_the_launcher_then_a_relaunch_resumes(run_dir, tmp_path, refe
     wait_for(ready, proc=proc, what="checkpoint step 4" if DCP else "four training steps")
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    assert_no_survivors(run_dir, grace=10)
+    # torchrun's agent stops its ranks before it exits: seconds, more on a loaded machine.
+    assert_no_survivors(run_dir, grace=60)
     assert not (run_dir / "summary.json").exists()  # nothing claims the run finished
     if not DCP:
         pytest.skip("resume half needs checkpoint=dcp (issue 3): enable by merging it; the kill half passed")

@@ -45,7 +45,8 @@ def cli(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_ls_lists_packaged_and_yours_with_their_descriptions(capsys, user_repo):
+def test_ls_lists_packaged_and_yours_with_their_descriptions(capsys, user_repo, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")  # the descriptions are cut to the terminal's width
     (user_repo / "conf" / "experiment" / "tiny_sft.yaml").write_text("# @package _global_\nname: x\n")
     code, out, _ = cli(capsys, "ls")
     assert code == 0
