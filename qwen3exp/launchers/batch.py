@@ -95,13 +95,12 @@ def launch(
 
 def refused_return(cfg, e: DoesNotFit):
     """What an adaptive sweeper gets for a point refused because it does not fit: the worst value of
-    its objective (+inf minimized, -inf maximized). A failed trial would stop an Optuna search at
-    the default hydra.sweeper.max_failure_rate (0), and the sampler learns nothing from it; the worst
-    value keeps the search going to its budget and steers the sampler away from sizes that do not fit."""
+    its objective (+inf minimized, -inf maximized): the search goes on to its budget and the sampler
+    is steered away from sizes that do not fit."""
     # UPSTREAM BUG: hydra-optuna-sweeper 1.2.0 (`OptunaSweeperImpl.sweep`) tells Optuna every trial
     # COMPLETE or, when reading its return value raises, FAIL: a job cannot report PRUNED, and a FAIL
-    # counts against max_failure_rate (default 0: the search stops). The worst value is the way
-    # through (tests/test_auto_layout.py::test_an_optuna_trial_that_does_not_fit_is_refused_and_the_search_goes_on).
+    # counts against max_failure_rate (default 0: the search stops) and teaches the sampler nothing.
+    # Tested by tests/test_auto_layout.py::test_an_optuna_trial_that_does_not_fit_is_refused_and_the_search_goes_on.
     _, direction = e.objective or ("objective", "minimize")
     value = float("inf") if direction == "minimize" else float("-inf")
     print(
