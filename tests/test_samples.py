@@ -206,14 +206,39 @@ def test_the_console_reader_says_each_steps_first_answer_once(tmp_path):
 
     path = tmp_path / "samples.jsonl"
     path.write_text(json.dumps({"step": 3, "prompt": "a", "text": "old", "tokens": [1]}) + "\n")
-    said: list[str] = []
-    lines = SampleLines(path, lambda text, live: said.append(text))
+    lines = SampleLines(path)
     with path.open("a") as f:
         f.write(json.dumps({"step": 5, "prompt": "a", "text": "\n  first line \nsecond", "tokens": [1]}) + "\n")
         f.write(json.dumps({"step": 5, "prompt": "b", "text": "other", "tokens": [1]}) + "\n")
         f.write(json.dumps({"step": 10, "prompt": "a", "text": "\n\n", "tokens": [1]}) + '\n{"step": 1')
-    lines.poll()
-    assert said == ["qwen3exp: sample at step 5: first line", "qwen3exp: sample at step 10: '\\n\\n'"]
+    assert lines.poll() == [(5, "qwen3exp: sample at step 5: first line"), (10, "qwen3exp: sample at step 10: '\\n\\n'")]
+    assert lines.poll() == []
+
+
+@pytest.mark.parametrize("ticks", [{0, 1, 2, 3}, {3}, {1, 3}, {0, 2, 3}], ids=["each", "end", "race", "late"])
+def test_the_sample_line_follows_its_validation_however_the_polls_fall(tmp_path, ticks, monkeypatch):
+    """The metrics rank writes: the validation row, the answers, the next step's row. Polled between
+    any of those writes (or once after all), the console says them in that order."""
+    from qwen3exp.run.progress import Watch
+
+    metrics, samples = tmp_path / "metrics.jsonl", tmp_path / "samples.jsonl"
+    writes = [
+        (metrics, {"step": 5, "loss": 7.0, "step_seconds": 0.1}),
+        (metrics, {"step": 5, "val_loss": 6.9}),
+        (samples, {"step": 5, "prompt": "a", "text": "hello", "tokens": [1]}),
+        (metrics, {"step": 6, "loss": 6.8, "step_seconds": 0.1}),
+    ]
+    said: list[str] = []
+    monkeypatch.setattr(Watch, "say", lambda self, text, live: said.append(text))
+    watch = Watch(metrics, 10, verbose=False, node_rank=0, stopping=lambda: False)
+    for i, (path, row) in enumerate(writes):
+        with path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if i in ticks:  # "race": the validation seen, then its answers and the next step in one poll
+            watch.tick()
+    watch.finish()
+    kinds = [text.split(":")[1].split()[0] for text in said]
+    assert kinds == ["step", "validation", "sample", "step"], said
 
 
 def test_the_plan_shows_the_bounded_cost():

@@ -84,15 +84,15 @@ class Progress:
         self._first: tuple[int, float] | None = None  # (step, when seen) of the first row of this launch
         self.val_loss: float | None = None
         self.last_step: int | None = None
-        for row in self._new_rows():  # an earlier launch's rows: only the latest validation loss counts
+        for row in self.new_rows():  # an earlier launch's rows: only the latest validation loss counts
             if "val_loss" in row and "loss" not in row:
                 self.val_loss = row["val_loss"]
 
     def poll(self) -> None:
-        for row in self._new_rows():
-            self._row(row)
+        for row in self.new_rows():
+            self.show(row)
 
-    def _new_rows(self) -> list[dict]:
+    def new_rows(self) -> list[dict]:
         """The whole rows appended since the last call (a row being written waits for its newline)."""
         try:
             with open(self.path, "rb") as f:
@@ -113,7 +113,8 @@ class Progress:
                 rows.append(row)
         return rows
 
-    def _row(self, row: dict) -> None:
+    def show(self, row: dict) -> None:
+        """Says one row: a validation's line, or a step's (live)."""
         step = row["step"]
         if "val_loss" in row and "loss" not in row:
             self.val_loss = row["val_loss"]
@@ -176,7 +177,9 @@ class Watch:
         self.filter = noise.RankFilter(verbose=verbose, stopping=stopping)
         self.progress = Progress(metrics, total_steps, self.say) if node_rank == 0 else None
         # eval.samples: the first line of each validation's first answer, after the validation's line.
-        self.samples = SampleLines(Path(metrics).parent / rundir.SAMPLES, self.say) if node_rank == 0 else None
+        self.samples = SampleLines(Path(metrics).parent / rundir.SAMPLES)
+        self._samples: list[tuple[int, str]] = []  # read, waiting for their validation's line
+        self._validated = -1  # the step of the last validation line said
         self._phase: str | None = None
 
     def say(self, text: str, live: bool) -> None:
@@ -195,14 +198,28 @@ class Watch:
             self.ranks.debug(text)
 
     def tick(self) -> None:
-        if self.progress is not None:
-            self.progress.poll()
-        if self.samples is not None:
-            self.samples.poll()
+        """Says the new rows, each validation's sample line after it and before the next row.
+        samples.jsonl is read first: the metrics rank appends a validation's row to metrics.jsonl
+        before its answers, and the next step's row after them, so every sample read here has its
+        validation row in metrics.jsonl by the time that file is read."""
+        if self.progress is None:
+            return
+        self._samples += self.samples.poll()
+        for row in self.progress.new_rows():
+            self._say_samples()
+            self.progress.show(row)
+            if "val_loss" in row and "loss" not in row:
+                self._validated = max(self._validated, row["step"])
+        self._say_samples()
+
+    def _say_samples(self, every: bool = False) -> None:
+        while self._samples and (every or self._samples[0][0] <= self._validated):
+            self.say(self._samples.pop(0)[1], False)
 
     def finish(self) -> None:
         """The last rows; what was left out, in one line (after a stop in qwen3exp.log only: the
         stop's own line is the last one on the console)."""
         self.tick()
+        self._say_samples(every=True)
         if (hidden := self.filter.summary()) is not None:
             self.log.log(logging.DEBUG if self.filter.stopping() else logging.INFO, f"qwen3exp: {hidden}")

@@ -2,15 +2,14 @@
 answer, `qwen3exp: sample at step 5: <that line>`.
 
 Read from samples.jsonl as the metrics rank appends it (`qwen3exp.titan.metrics`), the way the
-step lines are read from metrics.jsonl (`qwen3exp.run.progress`, whose `Watch` polls this after
-metrics.jsonl, so the line follows its validation's). Records already in the file when the launch
+step lines are read from metrics.jsonl (`qwen3exp.run.progress`, whose `Watch` puts each line
+after its validation's and before the next step's). Records already in the file when the launch
 starts (a resumed run's) are not new. The whole answers are in samples.jsonl, TensorBoard and W&B.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 from qwen3exp.errors import printable
@@ -27,11 +26,10 @@ def first_line(text: str) -> str:
 
 
 class SampleLines:
-    """Says the first record of each new step in samples.jsonl through `say(text, live)`."""
+    """The line for the first record of each new step in samples.jsonl (`poll`)."""
 
-    def __init__(self, path: Path, say: Callable[[str, bool], None]) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.say = say
         try:
             self._offset = self.path.stat().st_size
         except OSError:
@@ -39,15 +37,17 @@ class SampleLines:
         self._partial = ""
         self._step: int | None = None
 
-    def poll(self) -> None:
+    def poll(self) -> list[tuple[int, str]]:
+        """(step, line) for each step first seen since the last call."""
         try:
             with open(self.path, "rb") as f:
                 f.seek(self._offset)
                 chunk = f.read()
         except OSError:
-            return
+            return []
         self._offset += len(chunk)
         *lines, self._partial = (self._partial + chunk.decode("utf-8", errors="replace")).split("\n")
+        said = []
         for line in lines:
             try:
                 record = json.loads(line)
@@ -56,4 +56,5 @@ class SampleLines:
             if not isinstance(record, dict) or not isinstance(record.get("step"), int) or record["step"] == self._step:
                 continue
             self._step = record["step"]
-            self.say(f"qwen3exp: sample at step {self._step}: {first_line(str(record.get('text', '')))}", False)
+            said.append((self._step, f"qwen3exp: sample at step {self._step}: {first_line(str(record.get('text', '')))}"))
+        return said
