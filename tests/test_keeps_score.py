@@ -42,7 +42,10 @@ def _run_dir(plan, tmp_path, peaks: dict[int, float], **checkpoint):
     data = plan.exp.model_dump(mode="json")
     data["checkpoint"].update(checkpoint)
     rundir.atomic_write_text(run_dir / rundir.EXPERIMENT, rundir.experiment_yaml(data))
-    rows = [{"step": s, "loss": 4.0 - s, "tokens_per_second": 100.0, "memory_gib": peaks.get(0)} for s in (1, 2)]
+    rows = [
+        {"step": s, "loss": 4.0 - s / 2, "tokens_per_second": 100.0, "memory_gib": peaks.get(0), "step_seconds": t}
+        for s, t in ((1, 9.0), (2, 0.5), (3, 0.25), (4, 2.0))
+    ]
     rundir.atomic_write_text(run_dir / rundir.METRICS, "".join(json.dumps(r) + "\n" for r in rows))
     for rank, gib in peaks.items():
         scorecard.RankPeak(run_dir / rundir.LOGS, rank).record(2, gib)
@@ -113,6 +116,17 @@ def test_a_run_that_measured_nothing_has_no_score_and_no_warning(plan, tmp_path,
     ]
 
 
+def test_the_step_time_is_scored_against_the_plans_cost_model(plan, tmp_path, capsys):
+    """The median logged step after the first (9 s: allocation, compilation) next to plan.json's step."""
+    assert plan.step is not None and plan.as_json()["step"]["step_s"] == plan.step.step_s > 0
+    summary, lines = _end(plan, _run_dir(plan, tmp_path, {0: 0.1, 1: 0.1}), capsys)
+    assert summary["step_time_predicted_s"] == plan.step.step_s
+    assert summary["step_time_measured_s"] == 0.5  # the median of 0.5, 0.25 and 2.0
+    assert summary["step_time_ratio"] == pytest.approx(0.5 / plan.step.step_s)
+    assert f"step 0.5s (plan {0.5 / plan.step.step_s:.3g}x)" in lines[0]
+    assert scorecard.step_score(None, [{"step": 1}])["step_time_ratio"] is None
+
+
 def test_rank_peak_keeps_the_highest_reading():
     from pathlib import Path
     from tempfile import TemporaryDirectory
@@ -174,8 +188,12 @@ def test_report_shows_predicted_measured_and_ratio(plan, tmp_path, capsys):
     assert float(row["plan mem GiB"]) == pytest.approx(predicted)
     assert float(row["peak mem GiB"]) == pytest.approx(3 * predicted) and float(row["mem ratio"]) == pytest.approx(3)
     assert (
-        (run_dir / report.REPORT_CSV).read_text().splitlines()[0].endswith("plan mem GiB,peak mem GiB,mem ratio,wall s")
+        (run_dir / report.REPORT_CSV)
+        .read_text()
+        .splitlines()[0]
+        .endswith("plan mem GiB,peak mem GiB,mem ratio,step ratio,wall s")
     )
+    assert float(row["step ratio"].rstrip("x")) == pytest.approx(0.5 / plan.step.step_s, rel=1e-2)
     assert report.main([str(run_dir), "--no-files"]) == 0
     header, _, values = capsys.readouterr().out.splitlines()[:3]
     assert re.search(r"plan mem GiB\s+peak mem GiB\s+mem ratio", header)

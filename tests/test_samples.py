@@ -211,7 +211,10 @@ def test_the_console_reader_says_each_steps_first_answer_once(tmp_path):
         f.write(json.dumps({"step": 5, "prompt": "a", "text": "\n  first line \nsecond", "tokens": [1]}) + "\n")
         f.write(json.dumps({"step": 5, "prompt": "b", "text": "other", "tokens": [1]}) + "\n")
         f.write(json.dumps({"step": 10, "prompt": "a", "text": "\n\n", "tokens": [1]}) + '\n{"step": 1')
-    assert lines.poll() == [(5, "qwen3exp: sample at step 5: first line"), (10, "qwen3exp: sample at step 10: '\\n\\n'")]
+    assert lines.poll() == [
+        (5, "qwen3exp: sample at step 5: first line"),
+        (10, "qwen3exp: sample at step 10: '\\n\\n'"),
+    ]
     assert lines.poll() == []
 
 

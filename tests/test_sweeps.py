@@ -208,6 +208,7 @@ def test_report_table_has_a_row_per_run_and_the_varied_keys(sweep):
         "plan mem GiB",
         "peak mem GiB",
         "mem ratio",
+        "step ratio",
         "wall s",
     ]
     assert {(row["training.lr"], row["training.seed"]) for row in rows} == set(POINTS)
@@ -218,6 +219,7 @@ def test_report_table_has_a_row_per_run_and_the_varied_keys(sweep):
         assert float(row["val loss"]) == read_summary(run)["val_loss"]
         assert float(row["tokens/s"]) > 0 and float(row["peak mem GiB"]) > 0 and float(row["wall s"]) > 0
         assert float(row["mem ratio"]) == pytest.approx(float(row["peak mem GiB"]) / float(row["plan mem GiB"]))
+        assert float(row["step ratio"].rstrip("x")) == pytest.approx(read_summary(run)["step_time_ratio"], rel=1e-2)
     # Ranked by the objective (the validation loss, minimized), best first.
     assert [float(row["val loss"]) for row in rows] == sorted(float(row["val loss"]) for row in rows)
     md = run_cli(str(d), "--format", "markdown", "--no-files", module="qwen3exp.analysis.report").stdout

@@ -30,13 +30,17 @@ METRIC_COLUMNS = (
     "plan mem GiB",
     "peak mem GiB",
     "mem ratio",
+    "step ratio",
     "wall s",
 )
-"""The plan's per-rank memory estimate, the peak the ranks measured and their ratio sit side by side:
-every run checks the estimate (`qwen3exp.run.scorecard`)."""
-EARLIER_METRIC_COLUMNS = (("status", "steps", "final loss", "val loss", "tokens/s", "peak mem GiB", "wall s"),)
+"""The plan's per-rank memory estimate, the peak the ranks measured and their ratio sit side by side,
+then measured / predicted step time: every run checks the estimates (`qwen3exp.run.scorecard`)."""
+EARLIER_METRIC_COLUMNS = (
+    ("status", "steps", "final loss", "val loss", "tokens/s", "peak mem GiB", "wall s"),
+    ("status", "steps", "final loss", "val loss", "tokens/s", "plan mem GiB", "peak mem GiB", "mem ratio", "wall s"),
+)
 """The columns of report.csv files earlier versions wrote: still recognised as report's own."""
-SCORE_FORMATS = {"plan mem GiB": "{:.2f}", "mem ratio": "{:.2f}x"}
+SCORE_FORMATS = {"plan mem GiB": "{:.2f}", "mem ratio": "{:.2f}x", "step ratio": "{:.3g}x"}
 """The format of the score columns (`qwen3exp.analysis.cells.FORMATS` has the others)."""
 NUMERIC = ("steps", *FORMATS, *SCORE_FORMATS)
 """The columns aligned to the right."""
@@ -93,6 +97,7 @@ def table(runs: list[Run], *, root: Path | None = None, status: dict[Path, str] 
                 r.predicted_memory_gib,
                 r.peak_memory_gib,
                 r.memory_ratio,
+                r.step_ratio,
                 r.wall_seconds,
             ]
         )

@@ -92,6 +92,11 @@ class Run:
         """Measured / predicted peak memory (summary.json's `memory_ratio`)."""
         return self._summary_number("memory_ratio")
 
+    @property
+    def step_ratio(self) -> float | None:
+        """Measured median / predicted step time (summary.json's `step_time_ratio`)."""
+        return self._summary_number("step_time_ratio")
+
     def _summary_number(self, key: str) -> float | None:
         value = self.summary.get(key) if self.summary else None
         return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None

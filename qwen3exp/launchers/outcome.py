@@ -176,8 +176,9 @@ def summarize(
         "first_val_loss": val[0]["val_loss"] if val else None,
         "val_step": val[-1]["step"] if val else None,
         "tokens_per_second": tps,
-        # The plan's per-rank memory next to the peak the ranks measured (qwen3exp.run.scorecard).
+        # The plan's per-rank memory and step time next to what the run measured (qwen3exp.run.scorecard).
         **scorecard.memory_score(plan.memory.peak, run_dir / rundir.LOGS, wall=wall),
+        **scorecard.step_score(plan.step.step_s if plan.step is not None else None, rows),
         "objective": objective.record(
             metric, direction, objective.value_of(metric, last_loss=last_loss, val_loss=val_loss, tokens_per_second=tps)
         ),

@@ -31,9 +31,8 @@ from qwen3exp.config.sections.parallelism import DEGREES, Parallelism
 from qwen3exp.config.sections.training import AC_MODES, Training
 from qwen3exp.errors import Problem
 from qwen3exp.kernels.registry import problems as kernel_problems
-from qwen3exp.plan import memory
 from qwen3exp.plan.batches import batch_problems
-from qwen3exp.plan.layout_cost import Shape, StepCost, step_cost
+from qwen3exp.plan.layout_cost import Shape, StepCost, run_step
 from qwen3exp.plan.memory_fit import memory_fit
 from qwen3exp.plan.mesh import Mesh, mesh_problems
 from qwen3exp.plan.model_arch import hf_moe_problems
@@ -186,8 +185,6 @@ def search(exp: Experiment, arch: Arch, facts: PlatformFacts, rules: Rules) -> S
     t = exp.training
     meshes, refused = legal_meshes(exp, arch, facts, rules)
     modes = AC_MODES if "activation_checkpoint" in t.auto else (t.activation_checkpoint,)
-    trainable = memory.trainable_of(arch, exp.peft)
-    fraction = 1.0 if trainable is None else trainable / max(1, arch.param_counts()[0])
     total_params = arch.param_counts()[0]
     fitting: list[Candidate] = []
     considered, smallest = 0, None
@@ -207,15 +204,7 @@ def search(exp: Experiment, arch: Arch, facts: PlatformFacts, rules: Rules) -> S
             if not mem.fits:
                 break
             shape = Shape(mesh.degrees, mode, batch, batches.grad_accum_steps)
-            cost = step_cost(
-                arch,
-                shape,
-                seq_len=t.seq_len,
-                compute_bytes=memory.DTYPE_BYTES[t.mixed_precision_param],
-                trainable_fraction=fraction,
-                nproc_per_node=mesh.nproc_per_node,
-                facts=facts,
-            )
+            cost = run_step(trial, arch, shape, nproc_per_node=mesh.nproc_per_node, facts=facts)
             fitting.append(Candidate(shape, mesh, need, cost))
     return Search(meshes, fitting, considered, smallest, [] if meshes else refused)
 

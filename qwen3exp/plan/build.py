@@ -46,6 +46,7 @@ from qwen3exp.plan import (
 from qwen3exp.plan.auto_layout import Layout, attention
 from qwen3exp.plan.batches import Batches, batch_problems, resolve_batches
 from qwen3exp.plan.checkpoint_verdict import CheckpointVerdict, checkpoint_verdict
+from qwen3exp.plan.layout_cost import Shape, run_step
 from qwen3exp.plan.memory_fit import DoesNotFit, memory_fit
 from qwen3exp.plan.mesh import Mesh, mesh_problems, resolve_mesh
 from qwen3exp.plan.model_files import ModelFiles
@@ -142,12 +143,7 @@ def make_plan(
     `claims_of`: the kernel override matcher (see `ClaimsOf`), needed when kernels are active."""
     files, facts, mesh, batches, claims, where, exp, layout = _resolve_stages(exp, env, claims_of)
     arch = files.arch
-    warnings: list[str] = []
-    if facts.devices_per_node is not None and mesh.nproc_per_node > facts.devices_per_node:
-        warnings.append(
-            f"{mesh.nproc_per_node} ranks share {facts.devices_per_node} {facts.name} device(s) "
-            f"on this node: expect it to be slow"
-        )
+    warnings = _sharing_warnings(facts, mesh)
     total, active = arch.param_counts()
     trainable = memory.trainable_of(arch, exp.peft)
     params = Parameters(total, active, memory.params_per_rank(arch, mesh.degrees), arch.is_moe, trainable)
@@ -159,6 +155,8 @@ def make_plan(
     if problems:
         raise DoesNotFit(problems) if problems == fit else ConfigError(problems)
     nnodes, nproc, folder = mesh.nnodes, mesh.nproc_per_node, Path(run_dir)
+    t = exp.training
+    shape = Shape(mesh.degrees, t.activation_checkpoint, t.local_batch_size, batches.grad_accum_steps)
     commands = placement.torchrun_commands(exp, where, nnodes=nnodes, nproc_per_node=nproc, run_dir=folder)
     command = placement.torchrun_argv(exp, where, nnodes=nnodes, nproc_per_node=nproc, run_dir=folder)
     return Plan(
@@ -183,8 +181,17 @@ def make_plan(
         provenance=auto_resolve.sources(provenance, exp, layout),
         warnings=warnings,
         layout=layout,
+        step=run_step(exp, arch, shape, nproc_per_node=nproc, facts=facts),
         data=data_figures.figures(exp, files.folder, batches).as_json(),
     )
+
+
+def _sharing_warnings(facts: PlatformFacts, mesh: Mesh) -> list[str]:
+    """More ranks than devices on a node: it runs, slowly."""
+    if facts.devices_per_node is not None and mesh.nproc_per_node > facts.devices_per_node:
+        n, devices = mesh.nproc_per_node, facts.devices_per_node
+        return [f"{n} ranks share {devices} {facts.name} device(s) on this node: expect it to be slow"]
+    return []
 
 
 def _verdict_problems(exp: Experiment, verdict: CheckpointVerdict) -> list[Problem]:

@@ -13,10 +13,11 @@ Compute, per rank and step:
   pipeline        = x (1 + (pp - 1) / local_batch_size) for pp > 1 (1F1B, one sequence per
                     micro-batch: torchtitan's defaults)
 Communication, bytes one rank sends per micro-batch (ring collectives: (g - 1) / g of the buffer per
-all-gather or reduce-scatter, twice that per all-reduce; P = the parameters of its tp / pp / ep shard,
-T = tokens of its micro-batch after cp):
-  FSDP over dp_shard x cp  all-gather of P in forward and again in backward (compute dtype),
-                           reduce-scatter of the trainable gradients (float32)
+all-gather or reduce-scatter, twice that per all-reduce, which is (g - 1) times a rank's shard;
+S = the parameters rank 0 holds under the whole mesh (`memory.params_per_rank`: experts sharded by
+ep and then by the ep-borrowed FSDP group), T = tokens of its micro-batch after cp):
+  FSDP over dp_shard x cp  all-gather of (dp_shard x cp - 1) S in forward and again in backward
+                           (compute dtype), reduce-scatter of the trainable gradients (float32)
   HSDP over dp_replicate   all-reduce of the sharded gradients (float32)
   TP (sequence parallel)   per layer 4 activation collectives of T x dim forward, 4 backward, 4 more
                            with full recompute
@@ -32,6 +33,10 @@ behind compute (the step takes the larger of the two); TP, CP, EP and PP collect
 data and add to the step.
 Left out (the model ranks layouts; it promises no time): kernel efficiency by shape, the latency of
 each collective, the optimizer step, data loading, compilation.
+
+Every plan predicts its own layout's step (`run_step`, plan.json `step`), and every run keeps score:
+summary.json puts the median measured step next to it (`qwen3exp.run.scorecard.step_score`). The
+ratio says how far the rates above are from this host's; it warns nothing (the model ranks).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import math
 from dataclasses import dataclass
 
 from qwen3exp.config.flavors import Arch
+from qwen3exp.config.schema import Experiment
 from qwen3exp.plan import memory
 from qwen3exp.platforms import PlatformFacts
 
@@ -70,6 +76,22 @@ class StepCost:
     step_s: float
     tokens_per_s: float
     """Tokens of the whole step (every data-parallel replica) per predicted second."""
+
+
+def run_step(exp: Experiment, arch: Arch, shape: Shape, *, nproc_per_node: int, facts: PlatformFacts) -> StepCost:
+    """`step_cost` of `shape` with the rest from the experiment: seq_len, the compute dtype, the
+    fraction of the parameters that train (LoRA: the adapters)."""
+    trainable = memory.trainable_of(arch, exp.peft)
+    total = max(1, arch.param_counts()[0])
+    return step_cost(
+        arch,
+        shape,
+        seq_len=exp.training.seq_len,
+        compute_bytes=memory.DTYPE_BYTES[exp.training.mixed_precision_param],
+        trainable_fraction=1.0 if trainable is None else trainable / total,
+        nproc_per_node=nproc_per_node,
+        facts=facts,
+    )
 
 
 def flops_per_token(arch: Arch, seq_len: int, activation_checkpoint: str) -> float:
@@ -110,10 +132,10 @@ def step_cost(
         inside = span <= nproc_per_node
         return (facts.link_bytes_per_s if inside else facts.network_bytes_per_s) or 1e9
 
-    shard = memory.params_per_rank(arch, memory.Degrees(tp=g.tp, pp=g.pp, ep=g.ep))
+    shard = memory.params_per_rank(arch, g)
     fsdp_group, fsdp_span = g.dp_shard * g.cp, g.dp_shard * g.cp * g.tp
-    fsdp = _ring(fsdp_group, 2 * shard * compute_bytes + shard * trainable_fraction * GRAD_BYTES)
-    hsdp = _ring(g.dp_replicate, shard * trainable_fraction * GRAD_BYTES / fsdp_group, all_reduce=True)
+    fsdp = (fsdp_group - 1) * (2 * shard * compute_bytes + shard * trainable_fraction * GRAD_BYTES)
+    hsdp = _ring(g.dp_replicate, shard * trainable_fraction * GRAD_BYTES, all_reduce=True)
     hidden_s = a * (fsdp / rate(fsdp_span) + hsdp / rate(fsdp_span * g.dp_replicate))
 
     tokens = m * seq_len / g.cp

@@ -68,6 +68,7 @@ def render(plan, provenance_diff=None, *, title: str | None = None) -> str:
         _platform_lines(plan),
         _model_lines(plan),
         _memory_lines(plan),
+        _step_lines(plan),
         _layout_lines(plan),
         _training_lines(plan),
         _launch_lines(plan),
@@ -164,6 +165,16 @@ def _memory_lines(plan) -> list[str]:
         f"{verdict}",
         f"  measured peak  {_human(mem.peak):>12}   what the platform measures per rank: step peak + "
         f"{_human(mem.retained)} kept by the allocator + {_human(mem.runtime)} runtime (summary.json compares)",
+    ]
+
+
+def _step_lines(plan) -> list[str]:
+    k = plan.step
+    if k is None:
+        return []
+    return [
+        f"step time (cost model, qwen3exp/plan/layout_cost.py): {k.step_s:.3g}s predicted per step: compute "
+        f"{k.compute_s:.3g}s, hidden collectives {k.hidden_s:.3g}s, exposed {k.exposed_s:.3g}s (summary.json compares)"
     ]
 
 

@@ -16,6 +16,7 @@ from qwen3exp.plan import memory
 from qwen3exp.plan.auto_layout import Layout
 from qwen3exp.plan.batches import Batches
 from qwen3exp.plan.checkpoint_verdict import CheckpointVerdict
+from qwen3exp.plan.layout_cost import StepCost
 from qwen3exp.plan.mesh import Mesh
 from qwen3exp.plan.model_files import ModelFiles
 from qwen3exp.plan.nodes import Placement
@@ -68,6 +69,8 @@ class Plan:
     """The data's figures (`qwen3exp.plan.data_figures.DataFigures.as_json`): documents, tokens, epochs, separator."""
     layout: Layout | None = None
     """What parallelism=auto / training.*=auto chose and why (`qwen3exp.plan.auto_layout`); None: nothing was auto."""
+    step: StepCost | None = None
+    """The cost model's step for this layout (`qwen3exp.plan.layout_cost.run_step`); summary.json compares."""
 
     def as_json(self) -> dict:
         """The plan as plan.json holds it (`qwen3exp.run.rundir.PLAN`; the experiment itself is in experiment.yaml)."""
@@ -90,6 +93,7 @@ class Plan:
             "warnings": self.warnings,
             "data": self.data,
             "auto_layout": self.layout.as_json() if self.layout is not None else None,
+            "step": asdict(self.step) if self.step is not None else None,
         }
 
 

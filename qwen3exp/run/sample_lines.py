@@ -56,5 +56,7 @@ class SampleLines:
             if not isinstance(record, dict) or not isinstance(record.get("step"), int) or record["step"] == self._step:
                 continue
             self._step = record["step"]
-            said.append((self._step, f"qwen3exp: sample at step {self._step}: {first_line(str(record.get('text', '')))}"))
+            said.append(
+                (self._step, f"qwen3exp: sample at step {self._step}: {first_line(str(record.get('text', '')))}")
+            )
         return said

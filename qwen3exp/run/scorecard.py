@@ -14,13 +14,19 @@ is checked on every run, not once.
 - A measured peak above `TOLERANCE` times the prediction means the plan under-estimates: its fit
   check is that much too optimistic, so the run ends with one warning line (`warning`) naming the
   keys that leave room (the platform's memory per rank) or use less memory.
-- Step time: the plan predicts none yet (plan.json holds no step-time figure), so there is no
-  step-time score; one would go next to the memory's, with the same three keys.
+- Step time. The plan predicts its layout's step with the cost model `parallelism=auto` ranks by
+  (plan.json `step`, `qwen3exp.plan.layout_cost.run_step`); summary.json gets
+  `step_time_predicted_s`, `step_time_measured_s` (the median `step_seconds` of the logged steps
+  after the first, which also pays for allocation and compilation) and `step_time_ratio`, from
+  `step_score`. No warning: the model ranks layouts and leaves out what it states it leaves out
+  (latencies, the optimizer step, kernel efficiency), so the ratio is this host's distance from the
+  platform's stated rates, shown for the user to judge.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from pathlib import Path
 from typing import TypeGuard
@@ -94,19 +100,33 @@ def memory_score(predicted_bytes: int | None, logs: Path, *, wall: float) -> dic
     }
 
 
+def step_score(predicted_s: float | None, rows: list[dict]) -> dict:
+    """summary.json's step-time keys from the plan's predicted step and metrics.jsonl's training rows."""
+    times = [r["step_seconds"] for r in rows[1:] if _number(r.get("step_seconds")) and r["step_seconds"] > 0]
+    measured = statistics.median(times) if times else None
+    return {
+        "step_time_predicted_s": predicted_s,
+        "step_time_measured_s": measured,
+        "step_time_ratio": measured / predicted_s if measured is not None and predicted_s else None,
+    }
+
+
 def _number(v: object) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def outcome_part(summary: dict) -> str:
-    """The memory part of the outcome line: `  peak memory 0.97 GiB per rank (plan 0.06 GiB, 16.55x)`."""
+    """The score part of the outcome line:
+    `  peak memory 0.97 GiB per rank (plan 0.92 GiB, 1.05x)  step 0.151s (plan 41.2x)`."""
     measured, predicted, ratio = (
         summary.get(k) for k in ("memory_measured_gib", "memory_predicted_gib", "memory_ratio")
     )
     if not _number(measured):
         return ""
     plan = f" (plan {predicted:.2f} GiB, {ratio:.2f}x)" if _number(predicted) and _number(ratio) else ""
-    return f"  peak memory {measured:.2f} GiB per rank{plan}"
+    step, step_ratio = summary.get("step_time_measured_s"), summary.get("step_time_ratio")
+    steps = f"  step {step:.3g}s (plan {step_ratio:.3g}x)" if _number(step) and _number(step_ratio) else ""
+    return f"  peak memory {measured:.2f} GiB per rank{plan}{steps}"
 
 
 def under_estimated(summary: dict) -> bool:
