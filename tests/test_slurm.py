@@ -22,7 +22,7 @@ from conftest import REPO, read_metrics, read_summary, run_cli
 from qwen3exp.run import rundir
 from runprocs import assert_no_survivors, kill_leftovers, start_cli, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # alone, after the parallel part (pyproject.toml)
 
 SETUP = REPO / "tests" / "slurm" / "setup_slurm.sh"
 # One rank per job and one CPU each, so the two jobs of the sweep run side by side on 2 cores.

@@ -44,7 +44,7 @@ import pytest
 from conftest import REPO, read_metrics, read_summary
 from runprocs import TINY, assert_no_survivors, env_with, free_port, kill_leftovers, metric_rows, start_cli, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # alone, after the parallel part (pyproject.toml)
 
 SCRIPT = REPO / "tests" / "slurm" / "twonode.sh"
 TWO_NODES = (
