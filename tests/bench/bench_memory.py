@@ -25,8 +25,10 @@ Measured here (2 CPU cores shared with other engineers' tests, load 5-13; torch 
 tiny s2048 0.991 / 1.019 / 1.029, tiny_moe 0.977 / 1.009 / 1.033, tiny hf dp2 1.041 / 1.049 / 1.008,
 tiny hf tp2 1.013 / 0.999 / 0.987, 0.6B-2L dp2 s256 6.185 / 6.156 / 0.995, s2048 6.600 / 6.697 /
 1.015, tp2 s256 4.214 / 4.189 / 0.994, MoE dp2 s256 6.357 / 6.338 / 0.997, hf dp2 s256 5.361 /
-5.304 / 0.989 (the 0.6B-shaped dense rows fitted `qwen3exp.plan.memory_peak.HEAD_COPIES`). Not
-measured yet (10-20 minutes each here): 0.6B-2L s2048 with ac=selective / full, hf s2048, hf MoE.
+5.304 / 0.989 (the 0.6B-shaped dense rows fitted `qwen3exp.plan.memory_peak.HEAD_COPIES`); then,
+out of sample (2 to 3 minutes each, load 2-3): 0.6B-2L dp2 s2048 ac=selective 6.522 / 6.487 /
+0.995, ac=full 6.397 / 6.311 / 0.986, hf dp2 s2048 6.011 / 5.914 / 0.984, hf MoE dp2 s256 5.498 /
+5.415 / 0.985 (its peak is 2 x 5.4 GiB of this host's 24: it fits). Every row: 0.984-1.033.
 """
 
 from __future__ import annotations
