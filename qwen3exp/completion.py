@@ -27,10 +27,8 @@ import re
 from pathlib import Path
 
 from qwen3exp import completion_keys
+from qwen3exp.config.packaged import CONF_DIR
 
-CONF_DIR = (Path(__file__).parent / "conf").resolve()
-"""The packaged config groups: the folder `qwen3exp.config.argv.CONF_DIR` names (that module imports
-Hydra's override parser, most of a second; a test keeps the two equal)."""
 CLI_FILE = Path(__file__).with_name("cli.py")
 """Where the commands are declared (`COMMANDS`)."""
 RELAUNCH = "relaunch"

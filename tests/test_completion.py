@@ -17,7 +17,7 @@ import pytest
 
 from conftest import REPO
 from qwen3exp import cli, completion, completion_keys, entry
-from qwen3exp.config.argv import CONF_DIR, GROUPS
+from qwen3exp.config.argv import GROUPS
 from qwen3exp.config.compose import experiment_data
 from qwen3exp.config.composer import Composer
 from qwen3exp.launchers.job import COMMAND_ENV
@@ -108,7 +108,6 @@ def test_values_commands_and_flags():
     assert "report" not in offered("qwen3exp -m ")  # a command is the first word only
     assert offered("qwen3exp --config-dir=con", REPO) == ["--config-dir=conf/"]
     assert offered("qwen3exp model.hf_assets_path=./con", REPO) == ["model.hf_assets_path=./conf/"]
-    assert completion.CONF_DIR == CONF_DIR
 
 
 def test_the_protocol():

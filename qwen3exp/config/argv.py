@@ -15,11 +15,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 
 from qwen3exp.config import credentials
+from qwen3exp.config.packaged import CONF_DIR
 from qwen3exp.config.slips import flag_hint, word_problems
 from qwen3exp.errors import ConfigError, Problem, nearby_path
 
-CONF_DIR = (Path(__file__).parent.parent / "conf").resolve()
-"""The packaged config groups: in a wheel, qwen3exp/conf; in the source tree a link to conf/."""
 CONFIG_NAME = "config"
 GROUPS = ("model", "parallelism", "kernels", "checkpoint", "platform", "data", "peft", "eval", "launcher", "experiment")
 LAUNCHER_TARGET = "hydra_plugins.qwen3exp_launcher.launcher.Qwen3expLauncher"
