@@ -90,7 +90,9 @@ def answer(action: str, shell: str, env: Mapping[str, str]) -> str:
     if action != "query":
         return SCRIPTS[(action, shell)]
     found = completion.candidates(typed_line(env))
-    return ("\n" if shell == "fish" else " ").join(found) + "\n"
+    # Nothing at all when nothing is found: fish reads an empty line as one empty candidate, not as
+    # none, and would not fall back to completing a path.
+    return ("\n" if shell == "fish" else " ").join(found) + "\n" if found else ""
 
 
 def typed_line(env: Mapping[str, str]) -> str:

@@ -196,3 +196,54 @@ def test_bash_completion_for_real(user_conf):
         "complete -o default -o nospace -F _qwen3exp_complete qwen3exp",
         "removed",
     ], proc.stdout + proc.stderr
+
+
+def _shell(shell: str, steps: str, cwd: Path) -> list[str]:
+    script = Path(sys.executable).parent / "qwen3exp"
+    if shutil.which(shell) is None:
+        pytest.skip(f"no {shell} on this machine (.ci/run installs it)")
+    if not script.is_file():
+        pytest.skip("the qwen3exp console script is not installed in this environment")
+    env = {**os.environ, "PATH": f"{script.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.run([shell, "-c", steps], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
+def test_zsh_completion_for_real(user_conf):
+    """zsh runs the bash code through bashcompinit (the README's line): installed, called as
+    bashcompinit calls it after `qwen3exp -cd conf experiment=my`, then removed."""
+    steps = (
+        "autoload -U +X compinit && compinit -u && autoload -U +X bashcompinit && bashcompinit\n"
+        'eval "$(qwen3exp -sc install=zsh)"\n'
+        "COMP_LINE='qwen3exp -cd conf experiment=my'; COMP_POINT=${#COMP_LINE}\n"
+        '_qwen3exp_complete; echo "reply: ${COMPREPLY[*]}"\n'
+        'echo "registered: ${_comps[qwen3exp]}"\n'
+        'eval "$(qwen3exp -sc uninstall=zsh)"\n'
+        "(( ${+functions[_qwen3exp_complete]} )) || echo removed\n"
+    )
+    assert _shell("zsh", steps, user_conf.parent)[-3:] == [
+        "reply: experiment=my_exp",
+        "registered: _bash_complete -o nospace -o default -F _qwen3exp_complete",
+        "removed",
+    ]
+
+
+def test_fish_completion_for_real(user_conf):
+    """`qwen3exp -sc install=fish | source`, fish's own completion of three lines (an experiment of
+    the user's folder; a bare path, where qwen3exp offers nothing and fish completes the path; a path
+    key's value, which qwen3exp completes), then the uninstall."""
+    steps = (
+        "qwen3exp -sc install=fish | source\n"
+        "complete -C 'qwen3exp -cd conf experiment=my'\n"
+        "complete -C 'qwen3exp ./co'\n"
+        "complete -C 'qwen3exp model.hf_assets_path=./co'\n"
+        "qwen3exp -sc uninstall=fish | source\n"
+        "functions -q _qwen3exp_complete; or echo removed\n"
+    )
+    assert _shell("fish", steps, user_conf.parent) == [
+        "experiment=my_exp",
+        "./conf/",
+        "model.hf_assets_path=./conf/",
+        "removed",
+    ]
