@@ -22,6 +22,7 @@ import yaml
 
 from conftest import REPO, compose, read_metrics, read_summary, run_cli
 from qwen3exp.config.schema import validate_experiment
+from qwen3exp.config.sections.parallelism import DEGREES
 from qwen3exp.plan import auto_layout, memory, model_files
 from qwen3exp.plan.build import make_plan
 from qwen3exp.plan.memory_fit import DoesNotFit
@@ -33,9 +34,6 @@ TWO_CPU_RANKS = ("platform=cpu", "launcher.nproc_per_node=2")
 AUTO = ("parallelism=auto", "training.local_batch_size=auto")
 EVERYTHING_AUTO = (*AUTO, "training.activation_checkpoint=auto")
 TRN2 = ["trn2_qwen3_4b_native", "trn2_qwen3_4b_hf", "trn2_qwen3_30b_a3b_nki_moe", "trn2_qwen3_4b_nki_rope"]
-# The trn2 files state dp_shard and tp (and ep) themselves, and a stated degree stays fixed: set them
-# auto too, so that the whole mesh is chosen.
-TRN2_AUTO = (*EVERYTHING_AUTO, "parallelism.dp_shard=auto", "parallelism.tp=auto", "parallelism.ep=auto")
 
 
 def _plan(*overrides: str, run_dir: str = "/tmp/unused"):
@@ -172,10 +170,13 @@ print("RESULT " + json.dumps(out))
 
 @pytest.mark.parametrize("name", TRN2)
 def test_trn2_parallelism_auto_plans_on_64_ranks(name):
-    """The experiment file's own degrees stay; the rest is chosen (a dry run, Neuron from the table)."""
+    """`parallelism=auto` replaces the file's FSDP over 64 ranks: every degree is chosen (a dry run,
+    Neuron from the table); a degree given on the command line stays."""
     plan = _plan(f"experiment={name}", *overrides_for(name), "parallelism=auto")
     assert plan.mesh.world_size == 64 and plan.memory.fits and plan.layout is not None
-    assert plan.exp.parallelism.tp == 1  # stated by the file
+    assert set(plan.layout.keys) == {f"parallelism.{d}" for d in DEGREES}
+    fixed = _plan(f"experiment={name}", *overrides_for(name), "parallelism=auto", "parallelism.tp=1")
+    assert "parallelism.tp" not in fixed.layout.keys and fixed.exp.parallelism.tp == 1
 
 
 @pytest.mark.slow
@@ -185,7 +186,7 @@ def test_trn2_auto_layouts_are_accepted_by_torchtitan():
     model parallelized on the meta device over a fake process group)."""
     cases, chosen = [], {}
     for name in TRN2:
-        plan = _plan(f"experiment={name}", *overrides_for(name), *TRN2_AUTO)
+        plan = _plan(f"experiment={name}", *overrides_for(name), *EVERYTHING_AUTO)
         assert plan.mesh.world_size == 64 and plan.memory.fits, name
         chosen[name] = plan.layout.top[0].describe()
         facts = dataclasses.asdict(plan.platform)
