@@ -148,6 +148,7 @@ def test_the_run_keeps_score(trained):
     assert ending[-1] == f"qwen3exp: next: qwen3exp report {run}  |  qwen3exp relaunch {run} (runs it again)"
 
 
+@pytest.mark.slow  # it trains (torchrun or steps in a fresh process): the full tier
 def test_verbose_shows_every_line_and_three_steps_complete(verbose_run):
     """`-v` (verbose=true) brings back every silenced line and torchtitan's own lines; verbose
     changes nothing the run computes (not in the experiment's identity); 3 steps need no second

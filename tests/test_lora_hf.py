@@ -80,6 +80,7 @@ def converted_here(folder: str) -> dict:
     }  # fmt: skip
 
 
+@pytest.mark.slow  # it trains (torchrun or steps in a fresh process): the full tier
 def test_converted_hf_model_trains_adapters_only_and_the_plan_counts_them(ckpt):
     got = in_fresh_process("test_lora_hf.converted_here", str(ckpt))
     cfg = json.loads((ckpt / "config.json").read_text())

@@ -77,6 +77,7 @@ def _counts() -> dict:
     return {"composed": sum(jobs.COMPOSED.values()), "validated": sum(VALIDATIONS.values())}
 
 
+@pytest.mark.slow  # it trains (torchrun or steps in a fresh process): the full tier
 def test_a_run_composes_once_and_validates_once_and_its_ranks_validate_nothing(tmp_path, monkeypatch, capsys):
     """In the launcher process (here: in-process), then in a rank's reading of the run directory."""
     from qwen3exp import cli

@@ -97,6 +97,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow  # it trains (torchrun or steps in a fresh process): the full tier
 @pytest.mark.parametrize("mode", ["default", "sum"])
 def test_fsdp_over_gloo_needs_sum_reductions(mode, tmp_path):
     script = tmp_path / "fsdp_gloo.py"
