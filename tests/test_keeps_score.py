@@ -123,7 +123,7 @@ def test_the_step_time_is_scored_against_the_plans_cost_model(plan, tmp_path, ca
     assert summary["step_time_predicted_s"] == plan.step.step_s
     assert summary["step_time_measured_s"] == 0.5  # the median of 0.5, 0.25 and 2.0
     assert summary["step_time_ratio"] == pytest.approx(0.5 / plan.step.step_s)
-    assert f"step 0.5s (plan {0.5 / plan.step.step_s:.3g}x)" in lines[0]
+    assert f"step 0.5s (plan {plan.step.step_s:.3g}s, {0.5 / plan.step.step_s:.2f}x)" in lines[0]
     assert scorecard.step_score(None, [{"step": 1}])["step_time_ratio"] is None
 
 

@@ -117,15 +117,18 @@ def _number(v: object) -> TypeGuard[float]:
 
 def outcome_part(summary: dict) -> str:
     """The score part of the outcome line:
-    `  peak memory 0.97 GiB per rank (plan 0.92 GiB, 1.05x)  step 0.151s (plan 41.2x)`."""
+    `  peak memory 0.97 GiB per rank (plan 0.92 GiB, 1.05x)  step 0.254s (plan 0.387s, 0.66x)`."""
     measured, predicted, ratio = (
         summary.get(k) for k in ("memory_measured_gib", "memory_predicted_gib", "memory_ratio")
     )
     if not _number(measured):
         return ""
     plan = f" (plan {predicted:.2f} GiB, {ratio:.2f}x)" if _number(predicted) and _number(ratio) else ""
-    step, step_ratio = summary.get("step_time_measured_s"), summary.get("step_time_ratio")
-    steps = f"  step {step:.3g}s (plan {step_ratio:.3g}x)" if _number(step) and _number(step_ratio) else ""
+    step, plan_step, step_ratio = (
+        summary.get(k) for k in ("step_time_measured_s", "step_time_predicted_s", "step_time_ratio")
+    )
+    known = _number(step) and _number(plan_step) and _number(step_ratio)
+    steps = f"  step {step:.3g}s (plan {plan_step:.3g}s, {step_ratio:.2f}x)" if known else ""
     return f"  peak memory {measured:.2f} GiB per rank{plan}{steps}"
 
 
