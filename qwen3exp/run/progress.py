@@ -52,6 +52,11 @@ def phase_of(line: RankLine) -> str | None:
     return None
 
 
+def is_validation(row: dict) -> bool:
+    """A validation's own row in metrics.jsonl: `val_loss` without the training row's `loss`."""
+    return "val_loss" in row and "loss" not in row
+
+
 def clock(seconds: float | None) -> str:
     """0:07, 12:30, 1:02:03; `?` when unknown."""
     if seconds is None or seconds != seconds or seconds < 0:
@@ -85,7 +90,7 @@ class Progress:
         self.val_loss: float | None = None
         self.last_step: int | None = None
         for row in self.new_rows():  # an earlier launch's rows: only the latest validation loss counts
-            if "val_loss" in row and "loss" not in row:
+            if is_validation(row):
                 self.val_loss = row["val_loss"]
 
     def poll(self) -> None:
@@ -116,7 +121,7 @@ class Progress:
     def show(self, row: dict) -> None:
         """Says one row: a validation's line, or a step's (live)."""
         step = row["step"]
-        if "val_loss" in row and "loss" not in row:
+        if is_validation(row):
             self.val_loss = row["val_loss"]
             ppl = row.get("val_perplexity")
             self.say(
@@ -177,7 +182,7 @@ class Watch:
         self.filter = noise.RankFilter(verbose=verbose, stopping=stopping)
         self.progress = Progress(metrics, total_steps, self.say) if node_rank == 0 else None
         # eval.samples: the first line of each validation's first answer, after the validation's line.
-        self.samples = SampleLines(Path(metrics).parent / rundir.SAMPLES)
+        self.samples = SampleLines(Path(metrics).parent / rundir.SAMPLES) if node_rank == 0 else None
         self._samples: list[tuple[int, str]] = []  # read, waiting for their validation's line
         self._validated = -1  # the step of the last validation line said
         self._phase: str | None = None
@@ -202,13 +207,13 @@ class Watch:
         samples.jsonl is read first: the metrics rank appends a validation's row to metrics.jsonl
         before its answers, and the next step's row after them, so every sample read here has its
         validation row in metrics.jsonl by the time that file is read."""
-        if self.progress is None:
+        if self.progress is None or self.samples is None:
             return
         self._samples += self.samples.poll()
         for row in self.progress.new_rows():
             self._say_samples()
             self.progress.show(row)
-            if "val_loss" in row and "loss" not in row:
+            if is_validation(row):
                 self._validated = max(self._validated, row["step"])
         self._say_samples()
 
