@@ -251,10 +251,13 @@ def test_optuna_search_minimizes_val_loss_and_continues_after_a_stop(tmp_path):
     assert f"rerun it: qwen3exp relaunch {best}" in r.stdout
     report = (d / "report.md").read_text()
     assert "Ranked by val_loss (minimized), best first." in report
-    rows = [line for line in report.splitlines() if line.startswith("| ") and "completed" in line]
+    lines = report.splitlines()
+    header = next(line.split("|") for line in lines if line.startswith("| run "))
+    column = [c.strip() for c in header].index("val loss")  # found by name: columns get added
+    rows = [line for line in lines if line.startswith("| ") and "completed" in line]
     assert rows and best.name in rows[0]
-    vals = [float(line.split("|")[-5]) for line in rows]  # the val loss column, in table order
-    assert vals == sorted(vals)
+    vals = [float(line.split("|")[column]) for line in rows]  # in table order
+    assert vals == sorted(vals) and len(set(vals)) > 1, vals
 
 
 GRID_TEST = "test_a_file_grid_runs_its_real_count_and_parallel_jobs_overlap"
