@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from datetime import datetime
 
 import pytest
 import yaml
@@ -78,6 +79,20 @@ def test_default_experiment_trains_on_two_ranks(trained):
     assert s["val_loss"] == val[-1]["val_loss"] and s["first_val_loss"] == val[0]["val_loss"] and s["val_step"] == 12
     assert s["objective"] == {"metric": "val_loss", "direction": "minimize", "value": s["val_loss"]}
     assert f"qwen3exp: completed: {run}" in r.stdout
+
+
+@pytest.mark.slow
+def test_rank_0_does_not_sleep_2_seconds_after_the_last_step(trained):
+    """The UPSTREAM BUG in qwen3exp/titan/train_end.py: torchtitan's trainer logs "Sleeping 2 seconds
+    for other ranks to complete" and sleeps 2 s on rank 0; here the next line follows at once."""
+    run, _ = trained
+    stamps = {}
+    for line in (run / "logs").rglob("0/stdout.log").__next__().read_text().splitlines():
+        for what in ("Sleeping 2 seconds", "Training completed"):
+            if what in line:
+                stamps[what] = datetime.strptime(line.split(" - ")[0].removeprefix("[titan] "), "%Y-%m-%d %H:%M:%S,%f")
+    assert len(stamps) == 2, stamps
+    assert (stamps["Training completed"] - stamps["Sleeping 2 seconds"]).total_seconds() < 1.0, stamps
 
 
 @pytest.mark.slow

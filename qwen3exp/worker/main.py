@@ -35,6 +35,7 @@ from qwen3exp.run import faults, procs, rundir, timelimit
 from qwen3exp.titan import overrides
 from qwen3exp.titan.job_config import build_checked, init_logging
 from qwen3exp.titan.refusal import write_refusal
+from qwen3exp.titan.train_end import without_final_sleep
 
 
 def load_run(run_dir: Path):
@@ -78,7 +79,8 @@ def train(run_dir: Path) -> None:
     faults.install(trainer, injected, rank)
     if exp.checkpoint.resumable:  # SLURM's pre-timeout signal: checkpoint and stop (run/timelimit.py)
         timelimit.install(trainer, run_dir / rundir.LOGS)
-    trainer.train()
+    with without_final_sleep():
+        trainer.train()
     _finish(trainer)
 
 
