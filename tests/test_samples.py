@@ -244,6 +244,22 @@ def test_the_sample_line_follows_its_validation_however_the_polls_fall(tmp_path,
     assert kinds == ["step", "validation", "sample", "step"], said
 
 
+def test_the_last_sample_line_comes_before_training_completed(tmp_path, monkeypatch):
+    """Rank 0 writes the last validation and its answers, then logs "Training completed": the
+    console says the sample line first, however long since the last poll."""
+    from qwen3exp.run.progress import Watch
+
+    metrics, samples = tmp_path / "metrics.jsonl", tmp_path / "samples.jsonl"
+    said: list[str] = []
+    monkeypatch.setattr(Watch, "say", lambda self, text, live: said.append(text))
+    watch = Watch(metrics, 12, verbose=False, node_rank=0, stopping=lambda: False)
+    metrics.write_text(json.dumps({"step": 12, "val_loss": 6.9}) + "\n")
+    samples.write_text(json.dumps({"step": 12, "prompt": "a", "text": "bye", "tokens": [1]}) + "\n")
+    watch.line("[titan] 2026-12-03 08:00:00,000 - root - INFO - Training completed\n")
+    watch.finish()
+    assert [text.split(":")[1].split()[0] for text in said] == ["validation", "sample", "training"], said
+
+
 def test_the_plan_shows_the_bounded_cost():
     from qwen3exp.plan.render import render
 

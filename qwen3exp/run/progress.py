@@ -195,6 +195,7 @@ class Watch:
         line = noise.parse(raw)
         phase = phase_of(line)
         if phase is not None and phase != self._phase and not self.filter.stopping():
+            self.tick()  # what the rank wrote before this line goes first (the last sample before "completed")
             self._phase = phase
             self.say(f"qwen3exp: {phase}", True)
         if self.filter.shows(line):
