@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import cli_fork
 from hf_fixtures import write_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,18 +57,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.module.__name__ if item.module else "", len(rank)))
 
 
-def run_cli(
-    *args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600, module: str = "qwen3exp"
-) -> subprocess.CompletedProcess:
-    """`python -m qwen3exp ARGS` in a subprocess (the way a user runs it). `module`
-    qwen3exp.analysis.report / diff / relaunch: the command `qwen3exp report|diff|relaunch ARGS`."""
-    if module.startswith("qwen3exp.analysis."):
-        args, module = (module.rsplit(".", 1)[1], *args), "qwen3exp"
+def cli_env(env: dict | None = None) -> dict[str, str]:
+    """The environment of a command the tests run: this one, the repository importable, no Hub."""
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.setdefault("HF_HUB_OFFLINE", "1")
-    if env:
-        full_env.update(env)
+    return {**full_env, **(env or {})}
+
+
+def run_cli(
+    *args: str,
+    cwd: Path | None = None,
+    env: dict | None = None,
+    timeout: float = 600,
+    module: str = "qwen3exp",
+    fresh: bool = False,
+) -> subprocess.CompletedProcess:
+    """`python -m qwen3exp ARGS` in a subprocess (the way a user runs it), forked from a process that
+    has imported it (tests/cli_fork.py) unless `fresh` (a new interpreter). `module`
+    qwen3exp.analysis.report / diff / relaunch: the command `qwen3exp report|diff|relaunch ARGS`."""
+    if module.startswith("qwen3exp.analysis."):
+        args, module = (module.rsplit(".", 1)[1], *args), "qwen3exp"
+    full_env = cli_env(env)
+    if not fresh and module == "qwen3exp":  # the same command, forked from a process that has imported it
+        if (done := cli_fork.run(list(args), cwd or REPO, full_env, timeout)) is not None:
+            return done
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         cwd=cwd or REPO,

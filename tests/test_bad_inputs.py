@@ -635,7 +635,7 @@ def results(assets, tmp_path_factory) -> dict[str, tuple]:
 
     def e2e(case: Case) -> tuple[str, tuple]:
         out = tmp_path_factory.mktemp(f"{case.id}_e2e")
-        proc = run_cli(*_argv(case, assets, out), timeout=120)
+        proc = run_cli(*_argv(case, assets, out), timeout=120, fresh=True)
         return case.id, (proc.returncode, proc.stdout, proc.stderr, out)
 
     with ThreadPoolExecutor(max_workers=WORKERS + len(END_TO_END)) as pool:
@@ -668,6 +668,7 @@ def _check(case: Case, code, stdout: str, stderr: str, out: Path) -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.slow  # quick tier: a table of ~95 commands
 def test_bad_input(case: Case, results):
     _check(case, *results[case.id])
 
@@ -675,6 +676,7 @@ def test_bad_input(case: Case, results):
 @pytest.mark.parametrize(
     "case", [c for c in CASES if c.id in END_TO_END], ids=[c.id for c in CASES if c.id in END_TO_END]
 )
+@pytest.mark.slow  # quick tier: a table of ~95 commands
 def test_bad_input_through_python_m(case: Case, results):
     """The same row through the real command line, `python -m qwen3exp ...` in a subprocess."""
     _check(case, *results[f"python -m {case.id}"])

@@ -1,0 +1,113 @@
+"""`run_cli`'s fast path: each `python -m qwen3exp ARGS` as a fork of a process that has already
+imported what that command imports first (`tests/cli_fork_server.py`), instead of a new interpreter
+importing Hydra, pydantic and the schema again (about 1 s of the 1.7 s a dry run takes here).
+
+The child is the same command: the same `__main__` run by runpy as `-m` runs it, the given cwd
+(first on sys.path) and exactly the given environment, stdin from /dev/null, stdout and stderr
+captured and decoded as `subprocess.run(..., text=True)` decodes them, the same exit code. What a
+fork cannot give is a different interpreter start: a command whose environment differs from the
+server's in what Python reads when it starts (`PYTHON*`, the locale) runs as a real subprocess, and
+so does every command when QWEN3EXP_TESTS_FORK=0 (tests/test_cli_fork.py runs both ways and
+compares). One server per test process, started at its first command.
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+SERVER = Path(__file__).with_name("cli_fork_server.py")
+_lock = threading.Lock()
+_server: tuple[subprocess.Popen, dict[str, str]] | None = None
+
+
+def _start_keys(env: dict[str, str]) -> dict[str, str]:
+    """What the interpreter reads as it starts, before any command runs."""
+    return {k: v for k, v in env.items() if k.startswith(("PYTHON", "LC_")) or k == "LANG"}
+
+
+def enabled() -> bool:
+    return os.environ.get("QWEN3EXP_TESTS_FORK", "1") != "0"
+
+
+def _server_for(env: dict[str, str]) -> subprocess.Popen | None:
+    global _server
+    if _server is None or _server[0].poll() is not None:
+        proc = subprocess.Popen(
+            [sys.executable, str(SERVER)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        _server = (proc, _start_keys(env))
+        atexit.register(_stop, proc)
+    proc, keys = _server
+    return proc if keys == _start_keys(env) else None
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.stdin.close()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def run(args: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess | None:
+    """`python -m qwen3exp ARGS` forked from the server, as `subprocess.run(capture_output=True,
+    text=True, timeout=timeout)` would return it; None where it must be a real subprocess."""
+    if not enabled():
+        return None
+    where = Path(tempfile.mkdtemp(prefix="qwen3exp_cli_"))
+    request = {
+        "args": list(args),
+        "cwd": str(cwd),
+        "env": env,
+        "stdout": str(where / "stdout"),
+        "stderr": str(where / "stderr"),
+        "result": str(where / "result"),
+    }
+    with _lock:
+        server = _server_for(env)
+        if server is None:
+            shutil.rmtree(where)
+            return None
+        server.stdin.write(json.dumps(request) + "\n")
+        server.stdin.flush()
+        pid = int(server.stdout.readline())
+    command = [sys.executable, "-m", "qwen3exp", *args]
+    result = where / "result"
+    deadline = time.monotonic() + timeout
+    while not result.is_file():
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            while not result.is_file():
+                time.sleep(0.01)
+            out, err = _read(where / "stdout"), _read(where / "stderr")
+            shutil.rmtree(where)
+            raise subprocess.TimeoutExpired(command, timeout, out, err)
+        time.sleep(0.005)
+    code, out, err = int(result.read_text()), _read(where / "stdout"), _read(where / "stderr")
+    done = subprocess.CompletedProcess(command, code, out, err)
+    shutil.rmtree(where)
+    return done
+
+
+def _read(path: Path) -> str:
+    """As `subprocess.run(text=True)` decodes a captured stream (the locale's encoding, universal
+    newlines)."""
+    with io.TextIOWrapper(io.BytesIO(path.read_bytes())) as text:
+        return text.read()
