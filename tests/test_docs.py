@@ -8,7 +8,7 @@ page's blocks run in order as one shell session (a `cd` or a file written by one
 the next). The README's tour runs in an empty folder; the docs of `AFTER_TOUR` run in a copy of the
 folder it left (`outputs/first`: a 2-step run with a Hugging Face export), every other doc in an
 empty folder of its own. A renamed command fails here, naming the page and the line of its block.
-The pages run two at a time (`runs`); the ones that train are marked slow.
+The pages run two at a time (`runs`), in the full tier (marked slow).
 """
 
 from __future__ import annotations
@@ -177,8 +177,7 @@ def test_the_readme_tour_runs(page, runs):
     runs[page.name].result()
 
 
-@pytest.mark.parametrize(
-    "page", [pytest.param(p, marks=pytest.mark.slow) if p.name in AFTER_TOUR else p for p in RUNS], ids=lambda p: p.name
-)
+@pytest.mark.slow  # the pages that train nothing too: real commands in fresh processes, 5-15 s a page
+@pytest.mark.parametrize("page", RUNS, ids=lambda p: p.name)
 def test_every_bash_block_of_a_doc_runs(page, runs):
     runs[page.name].result()

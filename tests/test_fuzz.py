@@ -19,6 +19,8 @@ from conftest import compose
 from hf_fixtures import write_checkpoint
 from test_bad_inputs import WORKERS, _helper
 
+pytestmark = pytest.mark.slow  # quick tier: a table of ~125 commands
+
 SKIPPED = {"dry_run"}
 """The test's own safety: every row is a dry run (a valid value must never start a training)."""
 

@@ -170,6 +170,7 @@ def test_user_override_mistakes_name_the_key(examples_on_path):
     assert p.key == "kernels.overrides.0.kwargs" and p.allowed == "upcast"
 
 
+@pytest.mark.slow  # quick tier: imports torchtitan to check the overrides
 def test_cli_refuses_before_starting(tmp_path):
     r = run_cli("kernels=nki_moe", f"hydra.run.dir={tmp_path / 'run'}", timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr

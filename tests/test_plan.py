@@ -141,6 +141,7 @@ def _plan_for(case: dict):
     range(len(COUNT_CASES)),
     ids=[f"{c['model']['flavor']}-w{c['world']}-tp{c.get('tp', 1)}-ep{c.get('ep', 1)}" for c in COUNT_CASES],
 )
+@pytest.mark.slow  # quick tier: builds torchtitan's models
 def test_parameter_counts_equal_torchtitans(i, titan_counts):
     case, titan = COUNT_CASES[i], titan_counts[i]
     assert "error" not in titan, titan
@@ -295,6 +296,7 @@ def test_override_hook_and_multinode_commands(monkeypatch):
     assert "node 1:" in render(plan)
 
 
+@pytest.mark.slow  # quick tier: imports torchtitan to check the overrides
 def test_dry_run_shows_kernel_overrides_with_node_counts(tmp_path):
     proc = run_cli("dry_run=true", "kernels=nki_rope", f"hydra.run.dir={tmp_path}/run")
     assert proc.returncode == 0, proc.stderr

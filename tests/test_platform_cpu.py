@@ -28,6 +28,7 @@ def _py(code: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+@pytest.mark.slow  # quick tier: fresh interpreters import torchtitan
 def test_device_selection_must_happen_before_torchtitan_import():
     # Without qwen3exp: torchtitan binds "cuda" on a CPU-only host.
     r = _py("from torchtitan.tools import utils; print(utils.device_type)")

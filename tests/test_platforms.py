@@ -80,6 +80,7 @@ def test_auto_prints_the_choice(tmp_path):
     assert "torch_neuronx is not installed: using cpu" in r.stdout
 
 
+@pytest.mark.slow  # quick tier: a fresh interpreter imports torch (the probe or a worker's preparation)
 def test_auto_picks_neuron_when_torch_neuronx_works(fake_neuron):
     facts = resolve(AutoPlatform())
     assert facts.name == "neuron" and facts.device_checked
@@ -87,6 +88,7 @@ def test_auto_picks_neuron_when_torch_neuronx_works(fake_neuron):
     assert facts.ranks_per_node == 64 and facts.lnc == 2
 
 
+@pytest.mark.slow  # quick tier: a fresh interpreter imports torch (the probe or a worker's preparation)
 def test_auto_falls_back_to_cpu_when_torch_neuronx_is_broken(fake_neuron):
     fake_neuron(import_error="WRONG PACKAGE: this is a placeholder")
     facts = resolve(AutoPlatform())
@@ -201,6 +203,7 @@ def test_cli_flex_attention_on_neuron_is_refused():
     assert "model.attention = 'flex': FlexAttention is not available on Neuron" in r.stderr
 
 
+@pytest.mark.slow  # quick tier: a fresh interpreter imports torch (the probe or a worker's preparation)
 def test_neuron_real_launch_with_the_fake_device_is_checked(fake_neuron):
     facts = resolve(NeuronPlatform(), dry_run=False)
     assert facts.device_checked and facts.device_name == "trn2"
@@ -208,6 +211,7 @@ def test_neuron_real_launch_with_the_fake_device_is_checked(fake_neuron):
     assert "64 logical NeuronCores at LNC=2 checked (torch-neuronx 2.14.3.0+fake)" in facts.reason
 
 
+@pytest.mark.slow  # quick tier: a fresh interpreter imports torch (the probe or a worker's preparation)
 def test_neuron_lnc_disagreeing_with_the_device_count_is_refused(fake_neuron):
     fake_neuron(device_count=128)  # a runtime that shows 128 logical cores although LNC=2 was asked
     with pytest.raises(ConfigError) as e:
@@ -217,6 +221,7 @@ def test_neuron_lnc_disagreeing_with_the_device_count_is_refused(fake_neuron):
     assert "set platform.lnc=1" in msg
 
 
+@pytest.mark.slow  # quick tier: a fresh interpreter imports torch (the probe or a worker's preparation)
 def test_neuron_other_instance_needs_its_table_entry(fake_neuron):
     fake_neuron(physical_cores=8)  # one Trainium2 chip: 4 logical cores at LNC=2
     with pytest.raises(ConfigError) as e:
@@ -225,6 +230,7 @@ def test_neuron_other_instance_needs_its_table_entry(fake_neuron):
     assert resolve(NeuronPlatform(instance_type="trn2.3xlarge"), dry_run=False).ranks_per_node == 4
 
 
+@pytest.mark.slow  # quick tier: a fresh interpreter imports torch (the probe or a worker's preparation)
 def test_neuron_placeholder_package_is_refused_with_the_hint(fake_neuron):
     fake_neuron(import_error="WRONG PACKAGE")
     with pytest.raises(ConfigError) as e:
@@ -255,6 +261,7 @@ PREPARE = """
 """
 
 
+@pytest.mark.slow  # quick tier: a fresh interpreter imports torch (the probe or a worker's preparation)
 def test_neuron_prepare_worker_makes_torchtitan_pick_neuron():
     # The fake registers the backend without claiming the device (FAKE_NEURON_NO_DEVICE_MAP): the
     # map entry torchtitan needs then exists only because prepare_worker adds it.
@@ -299,6 +306,7 @@ def test_neuron_prepare_worker_makes_torchtitan_pick_neuron():
         ({"IMPORT_TORCHTITAN_FIRST": "1"}, True, "must be prepared before torchtitan is imported"),
     ],
 )
+@pytest.mark.slow  # quick tier: a fresh interpreter imports torch (the probe or a worker's preparation)
 def test_neuron_prepare_worker_fails_clearly(env, fake, message):
     env = {"FACTS": _facts_json(), "NEURON_LOGICAL_NC_CONFIG": "2", **env}
     r = _run_script(
@@ -386,11 +394,13 @@ def test_cuda_without_gpu_real_launch_is_refused_and_dry_run_plans():
     assert "device not checked (dry run" in facts.reason
 
 
+@pytest.mark.slow  # quick tier: a fresh interpreter imports torch (the probe or a worker's preparation)
 def test_cuda_probe_here_reports_no_gpu():
     info = probe.probe("cuda")
     assert info["available"] is False and info["count"] == 0
 
 
+@pytest.mark.slow  # quick tier: a fresh interpreter imports torch (the probe or a worker's preparation)
 def test_cuda_prepare_worker_refuses_a_rank_without_gpu():
     facts = json.dumps(
         asdict(

@@ -721,6 +721,7 @@ def test_per_process_runtime_times_ranks_must_fit_available_memory(monkeypatch):
     assert any(w.startswith("A REAL RUN IS REFUSED: launcher.nproc_per_node = 8") for w in plan.warnings)
 
 
+@pytest.mark.slow  # quick tier: fresh interpreters import torch
 def test_the_measured_runtime_per_rank_is_not_below_a_bare_import():
     """RANK_RUNTIME_BYTES was measured (qwen3exp/platforms/cpu.py); a process that only imports
     torch and torchtitan must hold less private memory than that."""

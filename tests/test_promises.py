@@ -85,6 +85,7 @@ def table(folder, tmp_path_factory) -> dict[str, tuple]:
     [(s, True) for s in MISTAKES] + [(s, False) for s in REAL_TOO],
     ids=[f"{s}-dry" for s in MISTAKES] + [f"{s}-real" for s in REAL_TOO],
 )
+@pytest.mark.slow  # quick tier: a table of commands
 def test_a_model_folder_and_a_mistake_in_any_section(table, form, section, dry):
     code, out, err, where = table[f"{form}-{section}-{'dry' if dry else 'real'}"]
     assert code == 2, out + err
@@ -93,6 +94,7 @@ def test_a_model_folder_and_a_mistake_in_any_section(table, form, section, dry):
     assert not (where / "run").exists(), sorted(p.name for p in (where / "run").rglob("*"))
 
 
+@pytest.mark.slow  # quick tier: the table's commands
 def test_the_folder_is_read_when_the_rest_is_wrong(table):
     """The model-folder checks still run beside a mistake in another section: a tp that does not
     divide the folder's attention heads is named together with the bad learning rate."""

@@ -203,6 +203,7 @@ def _fake_worker(run_dir: Path) -> subprocess.Popen:
 
 
 @pytest.mark.parametrize("existing", [True, False], ids=["existing_empty_dir", "new_dir"])
+@pytest.mark.slow  # quick tier: starts torchrun and its ranks
 def test_refused_inside_the_job_removes_only_its_own_files(tmp_path, existing):
     """A refusal found after the preflight, inside the Hydra job (here: ranks of an earlier launch
     still live in the directory), used to `rmtree` the whole run directory."""

@@ -116,6 +116,7 @@ def _bad_file(folder: Path) -> Path:
     return path
 
 
+@pytest.mark.slow  # quick tier: a table of commands
 def test_bad_conversations_and_a_tokenizer_without_template_exit_2(tmp_path):
     bad = _bad_file(tmp_path)
     r = run_cli("experiment=tiny_sft", "dry_run=true", f"data.path={bad}", f"hydra.run.dir={tmp_path / 'a'}")

@@ -203,6 +203,7 @@ def test_packed_step1_loss_equals_transformers_on_each_conversation(tmp_path, ba
     assert abs(step1 - ref) < 1e-4, (step1, ref)
 
 
+@pytest.mark.slow  # quick tier: packs every rank's sequences
 def test_the_plan_counts_the_sequences_the_ranks_pack(tmp_path):
     """plan.json's data figures: the sequences of the training conversations of both ranks (one epoch)
     are the rows the ranks' loaders yield, their fill the conversation tokens' share of those rows,
