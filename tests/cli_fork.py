@@ -3,7 +3,7 @@ imported what that command imports first (`tests/cli_fork_server.py`), instead o
 importing Hydra, pydantic and the schema again (about 1 s of the 1.7 s a dry run takes here).
 
 The child is the same command: the same `__main__` run by runpy as `-m` runs it, the given cwd
-(first on sys.path) and exactly the given environment, stdin from /dev/null, stdout and stderr
+(first on sys.path), exactly the given environment, this process's umask, stdin from /dev/null, stdout and stderr
 captured and decoded as `subprocess.run(..., text=True)` decodes them, the same exit code. What a
 fork cannot give is a different interpreter start: a command whose environment differs from the
 server's in what Python reads when it starts (`PYTHON*`, the locale) runs as a real subprocess, and
@@ -72,8 +72,11 @@ def run(args: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subp
     if not enabled():
         return None
     where = Path(tempfile.mkdtemp(prefix="qwen3exp_cli_"))
+    umask = os.umask(0o022)
+    os.umask(umask)  # (read it back: os.umask only reads by setting)
     request = {
         "args": list(args),
+        "umask": umask,
         "cwd": str(cwd),
         "env": env,
         "stdout": str(where / "stdout"),

@@ -62,7 +62,9 @@ def serve() -> dict:
 
 
 def become(request: dict) -> None:
-    """This child turns into `python -m qwen3exp ARGS` run in `cwd` with exactly `env`."""
+    """This child turns into `python -m qwen3exp ARGS` run in `cwd` with exactly `env` and the
+    test process's umask."""
+    os.umask(request["umask"])  # what a subprocess of the test would inherit
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])

@@ -5,6 +5,7 @@ differently (PYTHONPATH here) runs as a real subprocess."""
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -36,6 +37,19 @@ def test_a_forked_command_is_the_same_as_a_new_interpreter(name, tmp_path, monke
     assert seen[0] == seen[1]
     assert fresh.returncode in (0, 2) and "Traceback" not in fresh.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_forked_command_has_the_test_processs_umask(tmp_path):
+    """A run directory written under umask 027 (a dry run that keeps nothing cannot show it: `cp`)."""
+    assert run_cli("ls").returncode == 0  # the fork server is up, started under this process's umask
+    old = os.umask(0o027)
+    try:
+        done = run_cli("cp", "tiny_native", "mine", cwd=tmp_path)
+    finally:
+        os.umask(old)
+    assert done.returncode == 0, done.stderr
+    (made,) = (tmp_path / "conf" / "experiment").glob("mine.yaml")
+    assert oct(made.stat().st_mode & 0o777) == oct(0o640)
 
 
 def test_a_command_whose_interpreter_starts_differently_is_a_real_subprocess(tmp_path):
