@@ -3,9 +3,9 @@ imported what that command imports first (`tests/cli_fork_server.py`), instead o
 importing Hydra, pydantic and the schema again (about 1 s of the 1.7 s a dry run takes here).
 
 The child is the same command: the same `__main__` run by runpy as `-m` runs it, the given cwd
-(first on sys.path), exactly the given environment, this process's umask, stdin from /dev/null, stdout and stderr
-captured and decoded as `subprocess.run(..., text=True)` decodes them, the same exit code. What a
-fork cannot give is a different interpreter start: a command whose environment differs from the
+(first on sys.path), exactly the given environment, this process's umask, stdin from /dev/null,
+stdout and stderr captured and decoded as `subprocess.run(..., text=True)` decodes them, the same
+exit code. What a fork cannot give is a different interpreter start: a command whose environment differs from the
 server's in what Python reads when it starts (`PYTHON*`, the locale) runs as a real subprocess, and
 so does every command when QWEN3EXP_TESTS_FORK=0 (tests/test_cli_fork.py runs both ways and
 compares). One server per test process, started at its first command.
@@ -71,23 +71,22 @@ def run(args: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subp
     text=True, timeout=timeout)` would return it; None where it must be a real subprocess."""
     if not enabled():
         return None
-    where = Path(tempfile.mkdtemp(prefix="qwen3exp_cli_"))
-    umask = os.umask(0o022)
-    os.umask(umask)  # (read it back: os.umask only reads by setting)
-    request = {
-        "args": list(args),
-        "umask": umask,
-        "cwd": str(cwd),
-        "env": env,
-        "stdout": str(where / "stdout"),
-        "stderr": str(where / "stderr"),
-        "result": str(where / "result"),
-    }
-    with _lock:
+    with _lock:  # one request at a time; also keeps the umask read below from racing another thread's
         server = _server_for(env)
         if server is None:
-            shutil.rmtree(where)
             return None
+        umask = os.umask(0o022)
+        os.umask(umask)  # (read it back: os.umask only reads by setting)
+        where = Path(tempfile.mkdtemp(prefix="qwen3exp_cli_"))
+        request = {
+            "args": list(args),
+            "umask": umask,
+            "cwd": str(cwd),
+            "env": env,
+            "stdout": str(where / "stdout"),
+            "stderr": str(where / "stderr"),
+            "result": str(where / "result"),
+        }
         server.stdin.write(json.dumps(request) + "\n")
         server.stdin.flush()
         pid = int(server.stdout.readline())

@@ -13,7 +13,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from conftest import REPO
+from conftest import REPO, cli_env
 
 # A few steps of the tiny model on 2 CPU ranks; one intra-op thread per rank everywhere, so that
 # runs with different rank layouts compute in the same order. (conftest.py's `reference_losses`
@@ -30,11 +30,7 @@ TINY = (
 
 
 def env_with(**extra: str) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.update(extra)
-    return env
+    return cli_env(extra)
 
 
 def start_cli(*args: str, log: Path, **env: str) -> subprocess.Popen:
