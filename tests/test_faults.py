@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CONF, read_metrics, read_summary, run_cli
-from qwen3exp.run import agent, rundir
+from qwen3exp.run import agent, procs, rundir
 from runprocs import TINY, assert_no_survivors, kill_leftovers, metric_rows, start_cli, wait_for
 
 slow = pytest.mark.slow
@@ -39,10 +39,27 @@ def _stop(proc, sig: int) -> tuple[int, float]:
     return code, time.monotonic() - t
 
 
+def _comm(pid: int) -> str:
+    return Path(f"/proc/{pid}/comm").read_text().strip()
+
+
+def _forked_ranks(run_dir: Path) -> list[str]:
+    """The names of the agent's children that are ranks forked from it: named `rank<R>`, with the
+    agent's own command line (no new interpreter was started for them)."""
+    (agent_pid,) = [p for p in procs.workers_of(run_dir) if not _comm(p).startswith("rank")]
+    assert "-m qwen3exp.run.agent " in procs.cmdline(agent_pid)
+    ranks = [p for p in procs.descendants(agent_pid) if _comm(p).startswith("rank")]
+    assert all(procs.cmdline(p) == procs.cmdline(agent_pid) for p in ranks)
+    return sorted(_comm(p) for p in ranks)
+
+
 @slow
 def test_sigterm_stops_every_rank(run_dir, tmp_path):
     proc = start_cli(*LONG, f"hydra.run.dir={run_dir}", log=tmp_path / "log")
     wait_for(lambda: metric_rows(run_dir) >= 2, proc=proc, what="two training steps")
+    # On the CPU the agent imports torchtitan once and forks both ranks (forked_ranks); the forked
+    # ranks die of SIGTERM as new interpreters do (the agent's handlers are undone in them).
+    assert _forked_ranks(run_dir) == ["rank0", "rank1"]
     code, seconds = _stop(proc, signal.SIGTERM)
     assert code == 143, (tmp_path / "log").read_text()[-3000:]
     assert seconds < 10, f"the launcher took {seconds:.1f}s to stop"

@@ -475,6 +475,8 @@ def test_the_plan_holds_what_the_launcher_runs():
     assert plan.placement.nnodes == 1 and plan.placement.standalone
     assert plan.command[:7] == [sys.executable, "-m", "qwen3exp.run.agent", "--nnodes", "1", "--nproc-per-node", "2"]
     assert plan.command[-3:] == ["-m", "qwen3exp.worker.main", "/tmp/run"]
+    # CPU ranks are forked from the agent (`forked_ranks`): torchrun is asked for that start method.
+    assert plan.platform.name == "cpu" and plan.command[-5:-3] == ["--start-method", "fork"]
     assert plan.commands == [plan.command]
     assert "exp" not in plan.as_json() and "command" not in plan.as_json()
 
@@ -503,10 +505,14 @@ def test_the_launcher_and_a_plan_do_not_import_torch():
 
 REFUSE_IN_RANKS = """
 import os
-if os.environ.get("QWEN3EXP_TEST_REFUSE") and "RANK" in os.environ:  # only in the ranks
+if os.environ.get("QWEN3EXP_TEST_REFUSE"):
     import qwen3exp.titan.job_config as job_config
 
-    def refuse(*args, **kwargs):
+    original = job_config.to_torchtitan
+
+    def refuse(*args, **kwargs):  # only in the ranks (forked from the agent on the CPU: RANK is set then)
+        if "RANK" not in os.environ:
+            return original(*args, **kwargs)
         raise ValueError("training.local_batch_size (8) must be evenly divisible by "
                          "parallelism.pipeline_parallel_microbatch_size (3) (test)")
 

@@ -157,8 +157,11 @@ def make_plan(
     nnodes, nproc, folder = mesh.nnodes, mesh.nproc_per_node, Path(run_dir)
     t = exp.training
     shape = Shape(mesh.degrees, t.activation_checkpoint, t.local_batch_size, batches.grad_accum_steps)
-    commands = placement.torchrun_commands(exp, where, nnodes=nnodes, nproc_per_node=nproc, run_dir=folder)
-    command = placement.torchrun_argv(exp, where, nnodes=nnodes, nproc_per_node=nproc, run_dir=folder)
+    forked = facts.forked_ranks
+    commands = placement.torchrun_commands(
+        exp, where, nnodes=nnodes, nproc_per_node=nproc, run_dir=folder, forked=forked
+    )
+    command = placement.torchrun_argv(exp, where, nnodes=nnodes, nproc_per_node=nproc, run_dir=folder, forked=forked)
     return Plan(
         name=exp.name,
         run_dir=str(run_dir),

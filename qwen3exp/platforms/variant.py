@@ -66,6 +66,11 @@ class PlatformFacts:
     network_bytes_per_s: float | None = None
     """Bytes per second one rank sends to ranks on other nodes (its share of the node's network);
     the cost model's bandwidth for groups that span nodes."""
+    forked_ranks: bool = False
+    """True: each node's agent imports torchtitan once and forks its ranks from itself (torchrun
+    `--start-method fork`), instead of starting a new interpreter per rank that imports it again.
+    Only where nothing device-specific is initialized by that import (CPU): a CUDA or Neuron device
+    must be set up in the rank's own process."""
 
 
 SUSTAINED_FRACTION_OF_PEAK = 0.4

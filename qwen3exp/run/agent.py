@@ -1,13 +1,16 @@
 """`python -m qwen3exp.run.agent <torchrun arguments>`: torchrun's agent, plus a record of how ranks died.
 
 The launcher starts this instead of `python -m torch.distributed.run`; it runs torchrun's public
-`main(args)` unchanged. When the agent gives up on its ranks (`ChildFailedError`), every failure it
-saw (global and local rank, pid, exit code, the signal that killed it, when, torchrun's error file,
-and whether the agent itself stopped that rank after an earlier failure) is written atomically to
-`<log dir>/agent_failures_node<N>.json` before the exception goes on, so the exit code and
-torchrun's own report are unchanged. Why: a rank killed by a signal (`kill -9`, the OOM killer, a
-segfault) writes nothing itself; without the agent's record the summary could only blame the ranks
-that failed after it ("Connection reset by peer").
+`main(args)` unchanged, or, asked for `--start-method fork` (CPU), torchrun's public `elastic_launch`
+with the worker's function as the entrypoint (`_launch`): the ranks are forked from this agent.
+
+When the agent gives up on its ranks (`ChildFailedError`), every failure it saw (global and local
+rank, pid, exit code, the signal that killed it, when, torchrun's error file, and whether the agent
+itself stopped that rank after an earlier failure) is written atomically to `<log
+dir>/agent_failures_node<N>.json` before the exception goes on, so the exit code and torchrun's own
+report are unchanged. Why: a rank killed by a signal (`kill -9`, the OOM killer, a segfault) writes
+nothing itself; without the agent's record the summary could only blame the ranks that failed after
+it ("Connection reset by peer").
 
 Every agent also keeps `<log dir>/agent_node<N>.json`: its host and pid, the global ranks it
 started (read from its workers' environment), and, once it ends in any way Python sees (done, its
@@ -29,12 +32,14 @@ names the rank that failed first for a reason of its own.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from qwen3exp.run import timelimit
@@ -97,6 +102,25 @@ def _start_records(
     return path, record
 
 
+def _launch(argv: list[str], torchrun_main: Callable[[list[str]], None]) -> None:
+    """torchrun's main; or, for a module started with `--start-method fork` that offers `warm` and
+    `forked` (the worker, on a platform with `forked_ranks`: CPU), the same launch through torchrun's
+    public `elastic_launch` with the module's `forked` function as the entrypoint: this agent runs
+    `warm` (the imports every rank would do) once and torchrun forks the ranks from it, instead of a
+    new interpreter per rank importing it all again (for `-m`, torchrun ignores --start-method)."""
+    from torch.distributed.launcher.api import elastic_launch  # lazy: torch only in the agent
+    from torch.distributed.run import config_from_args, parse_args  # lazy: torch only in the agent
+
+    args = parse_args(argv)
+    module = importlib.import_module(args.training_script) if args.start_method == "fork" and args.module else None
+    if module is None or not hasattr(module, "forked"):
+        torchrun_main(argv)
+        return
+    module.warm(list(args.training_script_args))
+    config, _python, _argv = config_from_args(args)
+    elastic_launch(config, entrypoint=module.forked)(list(args.training_script_args))
+
+
 def main(argv: list[str] | None = None) -> None:
     # SLURM's pre-timeout signal must kill neither this agent nor a rank that has not set up its
     # handler yet: it is blocked here, before any thread exists, and the ranks inherit the blocked
@@ -118,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addHandler(closing)
     how, error = "done", None
     try:
-        torchrun_main(argv)
+        _launch(argv, torchrun_main)
     except ChildFailedError as e:
         how = "its ranks failed"
         if path is not None:

@@ -66,7 +66,7 @@ class Record:
         while not stop.wait(0.5):
             found = dict(self.data["ranks"])
             for pid in _children(me):
-                rank = _env_of(pid).get("RANK")
+                rank = _env_of(pid).get("RANK") or _forked_rank(pid)
                 if rank is not None and rank.isdigit():
                     found[rank] = pid
             if found != self.data["ranks"]:
@@ -81,6 +81,16 @@ def _children(pid: int) -> list[int]:
         except OSError:
             continue
     return out
+
+
+def _forked_rank(pid: int) -> str | None:
+    """The global rank of a rank forked from this agent (its environment is the agent's; it names
+    itself `rank<R>`, `qwen3exp.worker.main.forked`)."""
+    try:
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+    return name[4:] if name.startswith("rank") else None
 
 
 def _env_of(pid: int) -> dict[str, str]:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_NAME = 15
 
 
 def _prctl(option: int, arg: int) -> bool:
@@ -34,6 +35,16 @@ def _prctl(option: int, arg: int) -> bool:
 
 def become_subreaper() -> bool:
     return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def name_this_process(name: str) -> None:
+    """This process's name (/proc/PID/comm, at most 15 bytes): how a rank forked from its agent,
+    whose command line is the agent's, is told apart (`qwen3exp.run.agent_records`)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: best effort only
 
 
 def die_with_parent(sig: int, parent: int | None = None) -> None:

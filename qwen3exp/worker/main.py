@@ -36,6 +36,7 @@ from qwen3exp.titan import overrides
 from qwen3exp.titan.job_config import build_checked, init_logging
 from qwen3exp.titan.refusal import write_refusal
 from qwen3exp.titan.train_end import without_final_sleep
+from qwen3exp.titan.warm import import_trainer
 
 
 def load_run(run_dir: Path):
@@ -61,10 +62,11 @@ def _write_error(run_dir: Path, exc: BaseException) -> None:
     )
 
 
-def train(run_dir: Path) -> None:
+def train(run_dir: Path, *, prepared: bool = False) -> None:
     injected = faults.from_env(os.environ, run_dir)
     exp, facts = load_run(run_dir)
-    prepare_worker(facts)
+    if not prepared:  # a forked rank's agent prepared it (`warm`)
+        prepare_worker(facts)
     init_logging()
     rank = int(os.environ.get("RANK", "0"))
     try:
@@ -134,9 +136,11 @@ def _fail_fast(run_dir: Path, exc: BaseException) -> None:
         os._exit(1)
 
 
-def _exit_done() -> None:
+def _exit_done(forked: bool) -> None:
     """End a rank whose work is done and whose results are closed (`_finish`): flush the logging
-    handlers, stdout and stderr, then os._exit(0), without the interpreter's teardown."""
+    handlers, stdout and stderr, then os._exit(0), without the interpreter's teardown. A forked rank
+    returns instead: torchrun waits for its entrypoint's return value, and its process then ends
+    with os._exit (multiprocessing's), without the teardown either."""
     # Why os._exit: a finished rank died in that teardown with "terminate called without an active
     # exception" (SIGABRT) in about 1 of 12 runs (issue 11; once also in the 20-line FSDP script of
     # tests/test_platform_cpu.py), so torchrun exited 1 and a completed run was recorded `failed`.
@@ -154,10 +158,31 @@ def _exit_done() -> None:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    if not forked:
+        os._exit(0)
 
 
-def main(argv: list[str] | None = None) -> None:
+def warm(argv: list[str]) -> None:
+    """In the agent, before it forks the ranks (a platform with `forked_ranks`, `qwen3exp.run.agent`):
+    prepare the platform and import torchtitan's trainer once, for every rank to inherit."""
+    _exp, facts = load_run(Path(argv[0]).resolve())
+    prepare_worker(facts)
+    import_trainer()
+
+
+def forked(argv: list[str]) -> None:
+    """A rank forked from its agent after `warm`: torchrun's entrypoint in the new process. The
+    agent's signal handlers are undone first (a rank dies of SIGTERM, and Ctrl-C is a
+    KeyboardInterrupt, as in a new interpreter), and the process is named for the agent's rank map
+    (its command line is the agent's)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    procs.name_this_process(f"rank{os.environ.get('RANK', '0')}")
+    main(argv, forked=True)
+
+
+def main(argv: list[str] | None = None, *, forked: bool = False) -> None:
     argv = sys.argv[1:] if argv is None else argv
     # A rank's output goes to files in the run directory (torchrun's redirects): on a full disk every
     # log line would add logging's own "--- Logging error ---" traceback. The rank's real error (the
@@ -171,12 +196,12 @@ def main(argv: list[str] | None = None) -> None:
     # must not be read as this launch's.
     (run_dir / rundir.LOGS / f"error_rank{os.environ.get('RANK', '0')}.json").unlink(missing_ok=True)
     try:
-        train(run_dir)
+        train(run_dir, prepared=forked)
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     except Exception as e:
         _fail_fast(run_dir, e)
-    _exit_done()
+    _exit_done(forked)
 
 
 if __name__ == "__main__":

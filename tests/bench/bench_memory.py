@@ -29,6 +29,11 @@ tiny hf tp2 1.013 / 0.999 / 0.987, 0.6B-2L dp2 s256 6.185 / 6.156 / 0.995, s2048
 out of sample (2 to 3 minutes each, load 2-3): 0.6B-2L dp2 s2048 ac=selective 6.522 / 6.487 /
 0.995, ac=full 6.397 / 6.311 / 0.986, hf dp2 s2048 6.011 / 5.914 / 0.984, hf MoE dp2 s256 5.498 /
 5.415 / 0.985 (its peak is 2 x 5.4 GiB of this host's 24: it fits). Every row: 0.984-1.033.
+Those were spawned CPU ranks. Forked from their agent (`forked_ranks`), the tiny rows measured
+about 0.30 GiB less per rank, and with the runtime re-measured on them (`MEASURED_RUNTIME_BYTES`):
+tiny dp2 s256 0.676 / 0.705 / 1.043, tp2 0.646 / 0.652 / 1.009, ac=full 0.657 / 0.660 / 1.006,
+tiny_moe 0.679 / 0.708 / 1.043, hf dp2 0.738 / 0.745 / 1.010, hf tp2 0.710 / 0.699 / 0.985. The
+0.6B-shaped rows were not measured again.
 """
 
 from __future__ import annotations
