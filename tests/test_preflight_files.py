@@ -711,13 +711,13 @@ def _cpu_plan(monkeypatch, *, available_gib: float | None = None, cores: int = 2
 
 def test_per_process_runtime_times_ranks_must_fit_available_memory(monkeypatch):
     with pytest.raises(ConfigError) as e:
-        _cpu_plan(monkeypatch, available_gib=4, cores=64, nproc=8, memory_per_rank_gib=1)
+        _cpu_plan(monkeypatch, available_gib=3, cores=64, nproc=8, memory_per_rank_gib=1)
     (p,) = e.value.problems
     assert p.key == "launcher.nproc_per_node" and p.value == 8
-    assert "per-process runtime" in p.message and "4.00 GiB available (MemAvailable" in p.message
-    assert p.allowed == "at most 2 rank(s) on this host"  # 4 GiB: agent, launcher and 2 x 1.2 GiB ranks
+    assert "per-process runtime" in p.message and "3.00 GiB available (MemAvailable" in p.message
+    assert p.allowed == "at most 2 rank(s) on this host"  # 3 GiB: agent 0.86, launcher and 2 x 0.94 GiB ranks
     _cpu_plan(monkeypatch, available_gib=64, cores=64, nproc=8, memory_per_rank_gib=1)  # fits
-    plan = _cpu_plan(monkeypatch, available_gib=4, cores=64, nproc=8, memory_per_rank_gib=1, dry_run=True)
+    plan = _cpu_plan(monkeypatch, available_gib=3, cores=64, nproc=8, memory_per_rank_gib=1, dry_run=True)
     assert any(w.startswith("A REAL RUN IS REFUSED: launcher.nproc_per_node = 8") for w in plan.warnings)
 
 
