@@ -290,6 +290,19 @@ def _error(logs: Path, rank: int, type_: str, message: str, at: float) -> None:
 RESET = "[../third_party/gloo/gloo/transport/tcp/pair.cc:544] Read error [127.0.0.1]:41234: Connection reset by peer"
 
 
+def test_an_agent_that_cannot_prepare_the_forked_ranks_starts_them_anew(capsys):
+    """`warm` failing in the agent (e.g. an experiment file changed since the plan) must not end the
+    launch in the agent: the ranks start as new interpreters and each reports the error as its own."""
+
+    class Unreadable:
+        @staticmethod
+        def warm(argv):
+            raise ValueError(f"{argv[0]}/experiment.yaml changed")
+
+    assert agent._warmed(Unreadable, ["/r"]) is False
+    assert "the ranks start anew (ValueError: /r/experiment.yaml changed)" in capsys.readouterr().err
+
+
 def test_root_cause_a_killed_rank_comes_before_the_errors_it_caused(tmp_path):
     _record(tmp_path, 0, {"rank": 0, "exitcode": -9}, {"rank": 1, "exitcode": 1})
     _error(tmp_path, 1, "RuntimeError", RESET, at=150.0)

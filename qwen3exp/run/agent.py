@@ -12,11 +12,12 @@ report are unchanged. Why: a rank killed by a signal (`kill -9`, the OOM killer,
 nothing itself; without the agent's record the summary could only blame the ranks that failed after
 it ("Connection reset by peer").
 
-Every agent also keeps `<log dir>/agent_node<N>.json`: its host and pid, the global ranks it
-started (read from its workers' environment), and, once it ends in any way Python sees (done, its
-ranks failed, stopped by a signal, the rendezvous failed), how. An agent that has a record and no
-end was killed itself (SIGKILL, its node lost): on several nodes that is how "node 1's agent was
-killed" is told apart from the SIGTERM srun's --kill-on-bad-exit then sends to the other nodes.
+Every agent also keeps `<log dir>/agent_node<N>.json`: its host and pid, the global ranks it started
+(read from its workers' environment, or a forked rank's process name), and, once it ends in any way
+Python sees (done, its ranks failed, stopped by a signal, the rendezvous failed), how. An agent that
+has a record and no end was killed itself (SIGKILL, its node lost): on several nodes that is how
+"node 1's agent was killed" is told apart from the SIGTERM srun's --kill-on-bad-exit then sends to
+the other nodes.
 
 Stopped by a signal (SIGTERM from the launcher on Ctrl-C, or from SLURM), the agent stops its
 ranks as torchrun does and exits with code 128 + the signal's number, without torchrun's traceback.
@@ -102,6 +103,18 @@ def _start_records(
     return path, record
 
 
+def _warmed(module, argv: list[str]) -> bool:
+    """Whether `module.warm(argv)` succeeded. When it fails (e.g. the run's experiment file does not
+    match its digest), the ranks start as new interpreters instead, and each meets the same error
+    where it is recorded and reported as that rank's own (`logs/error_rank<R>.json`)."""
+    try:
+        module.warm(argv)
+    except Exception as e:
+        print(f"qwen3exp.run.agent: the ranks start anew ({type(e).__name__}: {e})", file=sys.stderr, flush=True)
+        return False
+    return True
+
+
 def _launch(argv: list[str], torchrun_main: Callable[[list[str]], None]) -> None:
     """torchrun's main; or, for a module started with `--start-method fork` that offers `warm` and
     `forked` (the worker, on a platform with `forked_ranks`: CPU), the same launch through torchrun's
@@ -113,10 +126,9 @@ def _launch(argv: list[str], torchrun_main: Callable[[list[str]], None]) -> None
 
     args = parse_args(argv)
     module = importlib.import_module(args.training_script) if args.start_method == "fork" and args.module else None
-    if module is None or not hasattr(module, "forked"):
+    if module is None or not hasattr(module, "forked") or not _warmed(module, list(args.training_script_args)):
         torchrun_main(argv)
         return
-    module.warm(list(args.training_script_args))
     config, _python, _argv = config_from_args(args)
     elastic_launch(config, entrypoint=module.forked)(list(args.training_script_args))
 
