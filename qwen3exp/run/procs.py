@@ -25,7 +25,7 @@ _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NAME = 15
 
 
-def _prctl(option: int, arg: int) -> bool:
+def _prctl(option: int, arg: int | bytes) -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(option, arg, 0, 0, 0) == 0
@@ -40,11 +40,7 @@ def become_subreaper() -> bool:
 def name_this_process(name: str) -> None:
     """This process's name (/proc/PID/comm, at most 15 bytes): how a rank forked from its agent,
     whose command line is the agent's, is told apart (`qwen3exp.run.agent_records`)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # not Linux: best effort only
+    _prctl(_PR_SET_NAME, name.encode()[:15])
 
 
 def die_with_parent(sig: int, parent: int | None = None) -> None:
