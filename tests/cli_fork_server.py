@@ -19,6 +19,9 @@ import sys
 
 import qwen3exp.cli  # noqa: F401 (the children start with it imported)
 import qwen3exp.entry  # noqa: F401
+from qwen3exp.config.sections.platform import CpuPlatform
+from qwen3exp.platforms import prepare_worker, resolve
+from qwen3exp.titan import warm
 
 
 def _reap(pending: dict[int, str]) -> None:
@@ -81,4 +84,9 @@ def become(request: dict) -> None:
     runpy.run_module("qwen3exp", run_name="__main__", alter_sys=True)
 
 
+# What a CPU run's agent does before it forks the ranks (qwen3exp.worker.main.warm): the launcher
+# forks that agent (qwen3exp.run.forked_agent), so a CPU training started from here imports none of
+# it again. A launcher a user starts has not imported it: its agent does (tests/test_installed.py).
+prepare_worker(resolve(CpuPlatform(), nproc_per_node=1, dry_run=True))
+warm.import_trainer()
 become(serve())

@@ -43,13 +43,16 @@ def _comm(pid: int) -> str:
     return Path(f"/proc/{pid}/comm").read_text().strip()
 
 
-def _forked_ranks(run_dir: Path) -> list[str]:
-    """The names of the agent's children that are ranks forked from it: named `rank<R>`, with the
-    agent's own command line (no new interpreter was started for them)."""
-    (agent_pid,) = [p for p in procs.workers_of(run_dir) if not _comm(p).startswith("rank")]
-    assert "-m qwen3exp.run.agent " in procs.cmdline(agent_pid)
+def _forked_ranks(run_dir: Path, launcher: int) -> list[str]:
+    """The names of the ranks of a CPU run, checking that no new interpreter was started for the
+    agent or its ranks: the agent is the launcher's fork (`qwen3exp-agent`), the ranks the agent's
+    (`rank<R>`), all with the launcher's command line, and `procs.workers_of` finds them all."""
+    workers = procs.workers_of(run_dir)
+    (agent_pid,) = [p for p in workers if _comm(p) == procs.FORKED_AGENT_NAME]
+    assert agent_pid in procs.descendants(launcher)
     ranks = [p for p in procs.descendants(agent_pid) if _comm(p).startswith("rank")]
-    assert all(procs.cmdline(p) == procs.cmdline(agent_pid) for p in ranks)
+    assert sorted(workers) == sorted([agent_pid, *ranks])
+    assert all(procs.cmdline(p) == procs.cmdline(launcher) for p in [agent_pid, *ranks])
     return sorted(_comm(p) for p in ranks)
 
 
@@ -57,9 +60,9 @@ def _forked_ranks(run_dir: Path) -> list[str]:
 def test_sigterm_stops_every_rank(run_dir, tmp_path):
     proc = start_cli(*LONG, f"hydra.run.dir={run_dir}", log=tmp_path / "log")
     wait_for(lambda: metric_rows(run_dir) >= 2, proc=proc, what="two training steps")
-    # On the CPU the agent imports torchtitan once and forks both ranks (forked_ranks); the forked
-    # ranks die of SIGTERM as new interpreters do (the agent's handlers are undone in them).
-    assert _forked_ranks(run_dir) == ["rank0", "rank1"]
+    # On the CPU the launcher forks the agent, which imports torchtitan once and forks both ranks
+    # (forked_ranks); forked, they die of SIGTERM as new interpreters do (handlers undone in them).
+    assert _forked_ranks(run_dir, proc.pid) == ["rank0", "rank1"]
     code, seconds = _stop(proc, signal.SIGTERM)
     assert code == 143, (tmp_path / "log").read_text()[-3000:]
     assert seconds < 10, f"the launcher took {seconds:.1f}s to stop"

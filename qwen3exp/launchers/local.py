@@ -28,6 +28,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from qwen3exp import platforms
 from qwen3exp.config.schema import Experiment
 from qwen3exp.errors import Problem
 from qwen3exp.launchers import exports, lm_eval_run, outcome, prelaunch
@@ -85,6 +86,7 @@ def launch(plan: Plan, run_dir: Path, *, origin: provenance.Origin | None = None
                 deadline=_time_limit_deadline(exp),
                 on_line=watch.line,
                 on_tick=watch.tick,
+                fork=platforms.agent_forks(plan.platform),
             )
             watch.finish()
         except Interrupted:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from qwen3exp.platforms import PlatformFacts
-from qwen3exp.run import procs, timelimit
+from qwen3exp.run import forked_agent, procs, timelimit
 
 
 def rank_env(facts: PlatformFacts, run_dir: Path) -> dict[str, str]:
@@ -48,7 +48,7 @@ class StopSignals:
     def __init__(self, logs: Path | None = None) -> None:
         self.signum: int | None = None
         self.at: float | None = None
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | forked_agent.Forked | None = None
         self.logs = logs
 
     def __enter__(self) -> StopSignals:
@@ -93,6 +93,7 @@ def run_torchrun(
     deadline: float | None = None,
     on_line: Callable[[str], None] | None = None,
     on_tick: Callable[[], None] | None = None,
+    fork: bool = False,
 ) -> int:
     """Start torchrun (or srun) in its own session and supervise it until it and every process it
     started are gone; returns its exit code. `refusal`: the file a rank writes when torchtitan
@@ -101,7 +102,8 @@ def run_torchrun(
     only waits for the others; `launcher.max_restarts` must not restart a configuration error, and
     torchrun's own failure report would bury the message). `on_line`: called (from a reader thread)
     with each line torchrun prints (rank 0's output, teed), instead of passing it to the terminal;
-    `on_tick`: called every 0.1 s while torchrun runs."""
+    `on_tick`: called every 0.1 s while torchrun runs. `fork`: the agent is a fork of this process
+    (`qwen3exp.run.forked_agent`, when `argv` is this interpreter's agent), not a new interpreter."""
     procs.become_subreaper()
     me = os.getpid()
     # Processes that were already ours before this run (e.g. of a test harness) are not touched.
@@ -110,15 +112,18 @@ def run_torchrun(
         raise Interrupted(stop.signum)
     reader = None
     try:
-        pipe = subprocess.PIPE if on_line is not None else None
-        stop.proc = subprocess.Popen(
-            argv,
-            env=env,
-            start_new_session=True,
-            stdout=pipe,
-            stderr=subprocess.STDOUT if pipe else None,
-            preexec_fn=lambda: procs.die_with_parent(signal.SIGTERM, me),
-        )
+        if fork and forked_agent.forkable(argv):
+            stop.proc = forked_agent.start(argv, env, pipe=on_line is not None, parent=me)
+        else:
+            pipe = subprocess.PIPE if on_line is not None else None
+            stop.proc = subprocess.Popen(
+                argv,
+                env=env,
+                start_new_session=True,
+                stdout=pipe,
+                stderr=subprocess.STDOUT if pipe else None,
+                preexec_fn=lambda: procs.die_with_parent(signal.SIGTERM, me),
+            )
         if on_line is not None:
             reader = threading.Thread(
                 target=_read_lines, args=(stop.proc.stdout, on_line), daemon=True, name="qwen3exp-torchrun-output"

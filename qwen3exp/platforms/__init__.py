@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from qwen3exp.config.sections.platform import AutoPlatform
 from qwen3exp.errors import ConfigError, Problem
-from qwen3exp.platforms import cpu, cuda, neuron
+from qwen3exp.platforms import cpu, cpu_device, cuda, neuron
 from qwen3exp.platforms.variant import ALLOWED, DetectedPlatform, DeviceProbe, PlatformFacts, PlatformModule
 
 __all__ = [
     "PlatformFacts",
+    "agent_forks",
     "device_names",
     "experiment_problems",
     "host_problems",
@@ -101,6 +102,13 @@ def prepare_worker(facts: PlatformFacts) -> None:
     if module is None:
         raise RuntimeError(f"qwen3exp: unknown platform {facts.name!r} in platform.json")
     module.prepare_worker(facts)
+
+
+def agent_forks(facts: PlatformFacts) -> bool:
+    """Whether the launcher forks this node's agent (`qwen3exp.run.forked_agent`) instead of starting
+    it anew: a platform whose ranks fork from their agent (only the CPU's), and a launcher whose fork
+    can still prepare it (it has not imported torchtitan to match kernel overrides, say)."""
+    return facts.forked_ranks and cpu_device.fork_ready()
 
 
 def device_names(facts: PlatformFacts) -> list[str]:

@@ -76,13 +76,27 @@ class CpuDeviceModule:
         return True
 
 
+def fork_ready() -> bool:
+    """Whether a fork of this process can be a CPU rank or its agent: torchtitan is not imported here
+    yet (`prepare_worker` can still run), or it was imported after `prepare_worker` (it bound the CPU
+    device), as in a process that forks launchers and imported it ahead (tests/cli_fork_server.py)."""
+    utils = sys.modules.get("torchtitan.tools.utils")
+    return utils is None or isinstance(getattr(utils, "device_module", None), CpuDeviceModule)
+
+
 def prepare_worker(facts: PlatformFacts) -> None:
     import torch  # lazy: torch loads only in the ranks
     import torch._utils  # lazy: the same
 
-    if "torchtitan.tools.utils" in sys.modules:
+    if not fork_ready():
         raise RuntimeError("qwen3exp: the CPU platform must be prepared before torchtitan is imported")
+    # In every rank, forked ones too, first thing on its main thread. torch rebuilds its thread pool
+    # in a fork at the first call that asks for it, and two threads asking at once (the autograd
+    # engine's, at the first backward) can get none: "Invalid thread pool!", SIGABRT. Asked here,
+    # before any other thread exists, it is rebuilt once.
     torch.set_num_threads(int(facts.env.get("QWEN3EXP_CPU_THREADS", "1")))
+    if "torchtitan.tools.utils" in sys.modules:
+        return  # prepared before torchtitan was imported, by the process this one is a fork of
     module = CpuDeviceModule()
     original = torch._utils._get_device_module
     torch._utils._get_available_device_type = lambda: "cpu"

@@ -23,6 +23,8 @@ from pathlib import Path
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NAME = 15
+FORKED_AGENT_NAME = "qwen3exp-agent"
+"""The name (/proc/PID/comm) of an agent forked from its launcher (`qwen3exp.run.forked_agent`)."""
 
 
 def _prctl(option: int, arg: int | bytes) -> bool:
@@ -92,11 +94,15 @@ def workers_of(
 ) -> list[int]:
     """Live `python -m qwen3exp.worker.main RUN_DIR` processes of exactly this run directory: the argument
     after the module, resolved against the process's own working directory, must be `run_dir`
-    (a run in runs/exp10 is not a run in runs/exp1)."""
+    (a run in runs/exp10 is not a run in runs/exp1). A forked agent and its forked ranks, whose
+    command line is their launcher's, are those that hold `run_dir` itself open."""
     target = Path(run_dir).resolve()
     found = []
     for p in _pids():
         if p in exclude or _ppid(p) is None:
+            continue
+        if _forked_holder(p, target):
+            found.append(p)
             continue
         argv = _argv(p)
         if module not in argv or argv.index(module) + 1 >= len(argv):
@@ -109,6 +115,17 @@ def workers_of(
         except OSError:
             continue
     return found
+
+
+def _forked_holder(pid: int, target: Path) -> bool:
+    """A forked agent (`FORKED_AGENT_NAME`) or rank (`rank<R>`) that holds `target` open."""
+    try:
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+        if name != FORKED_AGENT_NAME and not name.startswith("rank"):
+            return False
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}") == str(target) for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return False
 
 
 def _argv(pid: int) -> list[str]:

@@ -62,11 +62,12 @@ def _write_error(run_dir: Path, exc: BaseException) -> None:
     )
 
 
-def train(run_dir: Path, *, prepared: bool = False) -> None:
+def train(run_dir: Path) -> None:
     injected = faults.from_env(os.environ, run_dir)
     exp, facts = load_run(run_dir)
-    if not prepared:  # a forked rank's agent prepared it (`warm`)
-        prepare_worker(facts)
+    # Also in a rank forked from its prepared agent (`warm`): the rank's own thread count, set on its
+    # main thread before any other thread exists (`qwen3exp.platforms.cpu_device.prepare_worker`).
+    prepare_worker(facts)
     init_logging()
     rank = int(os.environ.get("RANK", "0"))
     try:
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None, *, forked: bool = False) -> None:
     # must not be read as this launch's.
     (run_dir / rundir.LOGS / f"error_rank{os.environ.get('RANK', '0')}.json").unlink(missing_ok=True)
     try:
-        train(run_dir, prepared=forked)
+        train(run_dir)
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     except Exception as e:
