@@ -1,12 +1,13 @@
 """`run_cli`'s fast path: each `python -m qwen3exp ARGS` as a fork of a process that has already
 imported what that command imports first (`tests/cli_fork_server.py`), instead of a new interpreter
-importing Hydra, pydantic and the schema again (about 1 s of the 1.7 s a dry run takes here).
+importing Hydra, pydantic and the schema again (about 1 s of the 1.7 s a dry run takes here), and,
+for a CPU training, torchtitan (its agent is the launcher's fork: about 10 s of CPU per training).
 
 The child is the same command: the same `__main__` run by runpy as `-m` runs it, the given cwd
 (first on sys.path), exactly the given environment, this process's umask, stdin from /dev/null,
 stdout and stderr captured and decoded as `subprocess.run(..., text=True)` decodes them, the same
-exit code. What a fork cannot give is a different interpreter start: a command whose environment differs from the
-server's in what Python reads when it starts (`PYTHON*`, the locale) runs as a real subprocess, and
+exit code. What a fork cannot give is a different interpreter start: a command whose environment
+differs from the server's in what is read before it runs (`START_PREFIXES`) runs as a real subprocess, and
 so does every command when QWEN3EXP_TESTS_FORK=0 (tests/test_cli_fork.py runs both ways and
 compares). One server per test process, started at its first command.
 """
@@ -31,27 +32,33 @@ _lock = threading.Lock()
 _server: tuple[subprocess.Popen, dict[str, str]] | None = None
 
 
+START_PREFIXES = ("PYTHON", "LC_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "OMP_", "MKL_")
+"""What the interpreter reads as it starts (`PYTHON*`, the locale), and what the libraries the server
+imports read as they are imported (huggingface_hub's cache folder, torch's and OpenMP's settings)."""
+
+
 def _start_keys(env: dict[str, str]) -> dict[str, str]:
-    """What the interpreter reads as it starts, before any command runs."""
-    return {k: v for k, v in env.items() if k.startswith(("PYTHON", "LC_")) or k == "LANG"}
+    """What is read before any command runs: a command whose values differ runs anew."""
+    return {k: v for k, v in env.items() if k.startswith(START_PREFIXES) or k == "LANG"}
 
 
 def enabled() -> bool:
     return os.environ.get("QWEN3EXP_TESTS_FORK", "1") != "0"
 
 
-def _server_for(env: dict[str, str]) -> subprocess.Popen | None:
+def _server_for(env: dict[str, str], base: dict[str, str]) -> subprocess.Popen | None:
+    """The server (started with the `base` environment, the tests' usual one), if `env` matches it."""
     global _server
     if _server is None or _server[0].poll() is not None:
         proc = subprocess.Popen(
             [sys.executable, str(SERVER)],
-            env=env,
+            env=base,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
         )
-        _server = (proc, _start_keys(env))
+        _server = (proc, _start_keys(base))
         atexit.register(_stop, proc)
     proc, keys = _server
     return proc if keys == _start_keys(env) else None
@@ -66,13 +73,15 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.kill()
 
 
-def run(args: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess | None:
+def run(
+    args: list[str], cwd: Path, env: dict[str, str], timeout: float, base: dict[str, str]
+) -> subprocess.CompletedProcess | None:
     """`python -m qwen3exp ARGS` forked from the server, as `subprocess.run(capture_output=True,
     text=True, timeout=timeout)` would return it; None where it must be a real subprocess."""
     if not enabled():
         return None
     with _lock:  # one request at a time; also keeps the umask read below from racing another thread's
-        server = _server_for(env)
+        server = _server_for(env, base)
         if server is None:
             return None
         umask = os.umask(0o022)

@@ -1,7 +1,10 @@
 """The process `tests/cli_fork.py` forks each `python -m qwen3exp` of the tests from (a fork server).
 
 It imports what `python -m qwen3exp` imports before it reads its arguments (`qwen3exp.entry`,
-`qwen3exp.cli`: Hydra, pydantic, the schema; about 1 s on this machine) once. Then, for each request
+`qwen3exp.cli`: Hydra, pydantic, the schema; about 1 s on this machine) once, and what a CPU run's
+agent does before it forks the ranks (prepare the CPU platform, import torchtitan's trainer: about
+10 s): a CPU launch forks its agent from the launcher (`qwen3exp.run.forked_agent`), so no training
+started from here imports torchtitan again. Then, for each request
 (a JSON line on stdin: args, cwd, env, the child's stdout/stderr files and its result file), it
 forks; the child becomes that fresh `python -m qwen3exp` (below the loop) and the server answers
 the child's pid on stdout. A child that ended is reaped here and its exit code (negative: the

@@ -80,7 +80,7 @@ def run_cli(
         args, module = (module.rsplit(".", 1)[1], *args), "qwen3exp"
     full_env = cli_env(env)
     if not fresh and module == "qwen3exp":  # the same command, forked from a process that has imported it
-        if (done := cli_fork.run(list(args), cwd or REPO, full_env, timeout)) is not None:
+        if (done := cli_fork.run(list(args), cwd or REPO, full_env, timeout, base=cli_env())) is not None:
             return done
     return subprocess.run(
         [sys.executable, "-m", module, *args],

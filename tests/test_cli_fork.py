@@ -54,6 +54,8 @@ def test_a_forked_command_has_the_test_processs_umask(tmp_path):
 
 def test_a_command_whose_interpreter_starts_differently_is_a_real_subprocess(tmp_path):
     moved = cli_env({"PYTHONPATH": f"{tmp_path}:{cli_env()['PYTHONPATH']}"})
-    assert cli_fork.run(["ls"], tmp_path, moved, 60) is None
-    done = cli_fork.run(["ls"], tmp_path, cli_env(), 60)
+    assert cli_fork.run(["ls"], tmp_path, moved, 60, base=cli_env()) is None
+    # The server imported huggingface_hub, which reads its cache folder as it is imported.
+    assert cli_fork.run(["ls"], tmp_path, cli_env({"HF_HOME": str(tmp_path)}), 60, base=cli_env()) is None
+    done = cli_fork.run(["ls"], tmp_path, cli_env(), 60, base=cli_env())
     assert done is not None and done.returncode == 0 and "tiny" in done.stdout

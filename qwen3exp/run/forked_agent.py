@@ -25,7 +25,7 @@ import sys
 import time
 import traceback
 
-from qwen3exp.run import procs
+from qwen3exp.run import agent, procs
 
 AGENT_MODULE = "qwen3exp.run.agent"
 
@@ -96,8 +96,6 @@ def _run_agent(argv: list[str], env: dict[str, str], write_fd: int | None, paren
         _fresh(env, write_fd)
         # Held open for as long as the agent and its forked ranks live (`procs.workers_of`).
         os.open(argv[-1], os.O_RDONLY | os.O_DIRECTORY)
-        from qwen3exp.run import agent  # lazy: only the agent runs it
-
         sys.argv = [agent.__file__, *argv[3:]]
         agent.main(argv[3:])
         code = 0
