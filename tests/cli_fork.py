@@ -7,7 +7,7 @@ The child is the same command: the same `__main__` run by runpy as `-m` runs it,
 (first on sys.path), exactly the given environment, this process's umask, stdin from /dev/null,
 stdout and stderr captured and decoded as `subprocess.run(..., text=True)` decodes them, the same
 exit code. What a fork cannot give is a different interpreter start: a command whose environment
-differs from the server's in what is read before it runs (`START_PREFIXES`) runs as a real subprocess, and
+differs from the server's in what is read before it runs (`_start_keys`) runs as a real subprocess, and
 so does every command when QWEN3EXP_TESTS_FORK=0 (tests/test_cli_fork.py runs both ways and
 compares). One server per test process, started at its first command.
 """
@@ -32,14 +32,21 @@ _lock = threading.Lock()
 _server: tuple[subprocess.Popen, dict[str, str]] | None = None
 
 
-START_PREFIXES = ("PYTHON", "LC_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "OMP_", "MKL_")
-"""What the interpreter reads as it starts (`PYTHON*`, the locale), and what the libraries the server
-imports read as they are imported (huggingface_hub's cache folder, torch's and OpenMP's settings)."""
+START_PREFIXES = ("PYTHON", "LC_")
+"""What the interpreter reads as it starts (`PYTHON*`, the locale)."""
+IMPORT_KEYS = (
+    "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_CACHE", "HF_DATASETS_OFFLINE",
+    "TRANSFORMERS_OFFLINE", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+)  # fmt: skip
+"""What the libraries the server imports read as they are imported and a test may set: where
+huggingface_hub, datasets and transformers find their caches and whether they go online, and OpenMP's
+threads. (Not what a library sets itself when it is imported in the test process: torch's
+TORCHINDUCTOR_CACHE_DIR, lm_eval's HF_XET_HIGH_PERFORMANCE.)"""
 
 
 def _start_keys(env: dict[str, str]) -> dict[str, str]:
     """What is read before any command runs: a command whose values differ runs anew."""
-    return {k: v for k, v in env.items() if k.startswith(START_PREFIXES) or k == "LANG"}
+    return {k: v for k, v in env.items() if k.startswith(START_PREFIXES) or k in IMPORT_KEYS or k == "LANG"}
 
 
 def enabled() -> bool:
