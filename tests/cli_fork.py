@@ -80,11 +80,11 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.kill()
 
 
-def run(
-    args: list[str], cwd: Path, env: dict[str, str], timeout: float, base: dict[str, str]
-) -> subprocess.CompletedProcess | None:
-    """`python -m qwen3exp ARGS` forked from the server, as `subprocess.run(capture_output=True,
-    text=True, timeout=timeout)` would return it; None where it must be a real subprocess."""
+def _request(
+    args: list[str], cwd: Path, env: dict[str, str], base: dict[str, str], stdout: Path, stderr: Path, result: Path
+) -> int | None:
+    """Ask the server to fork `python -m qwen3exp ARGS`; its pid, or None where it must be a real
+    subprocess. `stdout` may be `stderr` (one file for both, as `stderr=subprocess.STDOUT`)."""
     if not enabled():
         return None
     with _lock:  # one request at a time; also keeps the umask read below from racing another thread's
@@ -93,33 +93,81 @@ def run(
             return None
         umask = os.umask(0o022)
         os.umask(umask)  # (read it back: os.umask only reads by setting)
-        where = Path(tempfile.mkdtemp(prefix="qwen3exp_cli_"))
         request = {
             "args": list(args),
             "umask": umask,
             "cwd": str(cwd),
             "env": env,
-            "stdout": str(where / "stdout"),
-            "stderr": str(where / "stderr"),
-            "result": str(where / "result"),
+            "stdout": str(stdout),
+            "stderr": str(stderr),
+            "result": str(result),
         }
         server.stdin.write(json.dumps(request) + "\n")
         server.stdin.flush()
-        pid = int(server.stdout.readline())
+        return int(server.stdout.readline())
+
+
+class Started:
+    """A command forked from the server, running in the background: as much of `subprocess.Popen` as
+    the tests use (pid, poll, wait, send_signal, terminate, kill, returncode). It is the server's
+    child, which reaps it and writes its exit code to `result`."""
+
+    def __init__(self, pid: int, result: Path, args: list[str]) -> None:
+        self.pid, self.args, self.returncode, self._result = pid, args, None, result
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self._result.is_file():
+            self.returncode = int(self._result.read_text())
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            time.sleep(0.005)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def start(args: list[str], cwd: Path, env: dict[str, str], base: dict[str, str], log: Path) -> Started | None:
+    """`python -m qwen3exp ARGS` forked from the server in the background, its stdout and stderr in
+    `log`; None where it must be a real subprocess."""
+    result = Path(tempfile.mkdtemp(prefix="qwen3exp_cli_")) / "result"
+    pid = _request(args, cwd, env, base, log, log, result)
+    return None if pid is None else Started(pid, result, [sys.executable, "-m", "qwen3exp", *args])
+
+
+def run(
+    args: list[str], cwd: Path, env: dict[str, str], timeout: float, base: dict[str, str]
+) -> subprocess.CompletedProcess | None:
+    """`python -m qwen3exp ARGS` forked from the server, as `subprocess.run(capture_output=True,
+    text=True, timeout=timeout)` would return it; None where it must be a real subprocess."""
+    where = Path(tempfile.mkdtemp(prefix="qwen3exp_cli_"))
+    pid = _request(args, cwd, env, base, where / "stdout", where / "stderr", where / "result")
+    if pid is None:
+        shutil.rmtree(where)
+        return None
     command = [sys.executable, "-m", "qwen3exp", *args]
-    result = where / "result"
-    deadline = time.monotonic() + timeout
-    while not result.is_file():
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            while not result.is_file():
-                time.sleep(0.01)
-            out, err = _read(where / "stdout"), _read(where / "stderr")
-            shutil.rmtree(where)
-            raise subprocess.TimeoutExpired(command, timeout, out, err)
-        time.sleep(0.005)
-    code, out, err = int(result.read_text()), _read(where / "stdout"), _read(where / "stderr")
-    done = subprocess.CompletedProcess(command, code, out, err)
+    try:
+        code = Started(pid, where / "result", command).wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.kill(pid, signal.SIGKILL)
+        while not (where / "result").is_file():
+            time.sleep(0.01)
+        out, err = _read(where / "stdout"), _read(where / "stderr")
+        shutil.rmtree(where)
+        raise subprocess.TimeoutExpired(command, timeout, out, err) from None
+    done = subprocess.CompletedProcess(command, code, _read(where / "stdout"), _read(where / "stderr"))
     shutil.rmtree(where)
     return done
 

@@ -79,6 +79,9 @@ def become(request: dict) -> None:
         (1, request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
         (2, request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
     ):
+        if fd == 2 and path == request["stdout"]:  # one file for both (stderr=subprocess.STDOUT)
+            os.dup2(1, 2)
+            continue
         opened = os.open(path, flags, 0o644)
         os.dup2(opened, fd)
         os.close(opened)

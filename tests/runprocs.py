@@ -13,6 +13,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import cli_fork
 from conftest import REPO, cli_env
 
 # A few steps of the tiny model on 2 CPU ranks; one intra-op thread per rank everywhere, so that
@@ -33,8 +34,11 @@ def env_with(**extra: str) -> dict:
     return cli_env(extra)
 
 
-def start_cli(*args: str, log: Path, **env: str) -> subprocess.Popen:
-    """`python -m qwen3exp ARGS` in the background, output to `log`."""
+def start_cli(*args: str, log: Path, fresh: bool = False, **env: str) -> subprocess.Popen | cli_fork.Started:
+    """`python -m qwen3exp ARGS` in the background, output to `log`: forked from a process that has
+    imported it (tests/cli_fork.py) unless `fresh` (a new interpreter)."""
+    if not fresh and (started := cli_fork.start(list(args), REPO, env_with(**env), cli_env(), log)) is not None:
+        return started
     return subprocess.Popen(
         [sys.executable, "-m", "qwen3exp", *args],
         cwd=REPO,
@@ -44,7 +48,9 @@ def start_cli(*args: str, log: Path, **env: str) -> subprocess.Popen:
     )
 
 
-def wait_for(condition, *, proc: subprocess.Popen | None = None, timeout: float = 300, what: str = "") -> None:
+def wait_for(
+    condition, *, proc: subprocess.Popen | cli_fork.Started | None = None, timeout: float = 300, what: str = ""
+) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if proc is not None and proc.poll() is not None:

@@ -248,8 +248,13 @@ def test_host_memory_figure_matches_a_real_tiny_run(tmp_path):
 
     run = tmp_path / "run"
     proc = start_cli(
-        *TINY, "training.steps=3", "launcher.nproc_per_node=2", f"hydra.run.dir={run}", log=tmp_path / "run.log"
-    )
+        *TINY,
+        "training.steps=3",
+        "launcher.nproc_per_node=2",
+        f"hydra.run.dir={run}",
+        log=tmp_path / "run.log",
+        fresh=True,
+    )  # a new interpreter: the launcher as a user starts it (a fork of the tests' server holds torch)
     peak = 0
     while proc.poll() is None:
         peak = max(peak, sum(_rss(pid) for pid in _descendants(proc.pid)))
