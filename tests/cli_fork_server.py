@@ -93,6 +93,8 @@ def become(request: dict) -> None:
 # What a CPU run's agent does before it forks the ranks (qwen3exp.worker.main.warm): the launcher
 # forks that agent (qwen3exp.run.forked_agent), so a CPU training started from here imports none of
 # it again. A launcher a user starts has not imported it: its agent does (tests/test_installed.py).
-prepare_worker(resolve(CpuPlatform(), nproc_per_node=1, dry_run=True))
-warm.import_trainer()
+# Not for the quick tier (nothing trains: tests/conftest.py sets QWEN3EXP_TESTS_PRELOAD=0).
+if os.environ.get("QWEN3EXP_TESTS_PRELOAD", "1") != "0":
+    prepare_worker(resolve(CpuPlatform(), nproc_per_node=1, dry_run=True))
+    warm.import_trainer()
 become(serve())

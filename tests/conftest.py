@@ -51,6 +51,13 @@ LONGEST_FIRST = (
 )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The quick tier (`-m "not slow"`) trains nothing: the fork server (tests/cli_fork_server.py)
+    need not import torchtitan for it."""
+    if "not slow" in (config.option.markexpr or ""):
+        os.environ["QWEN3EXP_TESTS_PRELOAD"] = "0"
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
