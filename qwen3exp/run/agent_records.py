@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from qwen3exp.run import rundir
+from qwen3exp.run import procs, rundir
 
 FAILURES_GLOB = "agent_failures_node*.json"
 ERRORS_GLOB = "error_rank*.json"
@@ -86,11 +86,8 @@ def _children(pid: int) -> list[int]:
 def _forked_rank(pid: int) -> str | None:
     """The global rank of a rank forked from this agent (its environment is the agent's; it names
     itself `rank<R>`, `qwen3exp.worker.main.forked`)."""
-    try:
-        name = Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return None
-    return name[4:] if name.startswith("rank") else None
+    name, prefix = procs.process_name(pid), procs.FORKED_RANK_PREFIX
+    return name[len(prefix) :] if name is not None and name.startswith(prefix) else None
 
 
 def _env_of(pid: int) -> dict[str, str]:

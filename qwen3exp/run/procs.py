@@ -25,6 +25,9 @@ _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NAME = 15
 FORKED_AGENT_NAME = "qwen3exp-agent"
 """The name (/proc/PID/comm) of an agent forked from its launcher (`qwen3exp.run.forked_agent`)."""
+FORKED_RANK_PREFIX = "rank"
+"""The name of a rank forked from its agent: this and its global rank, `rank0`, `rank1`, ...
+(`qwen3exp.worker.main.forked`)."""
 
 
 def _prctl(option: int, arg: int | bytes) -> bool:
@@ -43,6 +46,14 @@ def name_this_process(name: str) -> None:
     """This process's name (/proc/PID/comm, at most 15 bytes): how a rank forked from its agent,
     whose command line is the agent's, is told apart (`qwen3exp.run.agent_records`)."""
     _prctl(_PR_SET_NAME, name.encode()[:15])
+
+
+def process_name(pid: int) -> str | None:
+    """/proc/PID/comm (`name_this_process`); None when the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
 
 
 def die_with_parent(sig: int, parent: int | None = None) -> None:
@@ -118,11 +129,11 @@ def workers_of(
 
 
 def _forked_holder(pid: int, target: Path) -> bool:
-    """A forked agent (`FORKED_AGENT_NAME`) or rank (`rank<R>`) that holds `target` open."""
+    """A forked agent (`FORKED_AGENT_NAME`) or rank (`FORKED_RANK_PREFIX`) that holds `target` open."""
+    name = process_name(pid)
+    if name is None or (name != FORKED_AGENT_NAME and not name.startswith(FORKED_RANK_PREFIX)):
+        return False
     try:
-        name = Path(f"/proc/{pid}/comm").read_text().strip()
-        if name != FORKED_AGENT_NAME and not name.startswith("rank"):
-            return False
         return any(os.readlink(f"/proc/{pid}/fd/{fd}") == str(target) for fd in os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         return False

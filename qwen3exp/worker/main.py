@@ -179,7 +179,7 @@ def forked(argv: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)
-    procs.name_this_process(f"rank{os.environ.get('RANK', '0')}")
+    procs.name_this_process(f"{procs.FORKED_RANK_PREFIX}{os.environ.get('RANK', '0')}")
     main(argv, forked=True)
 
 
