@@ -45,7 +45,7 @@ from qwen3exp.launchers.points import HydraFiles, Point, check_job
 from qwen3exp.launchers.protocol import Launcher
 from qwen3exp.launchers.rerun import run_dir_problems
 from qwen3exp.launchers.returns import for_sweeper, job_return, run_one
-from qwen3exp.launchers.state import checked, mark_started, refuse
+from qwen3exp.launchers.state import Terminated, checked, mark_started, refuse, terminated
 from qwen3exp.plan.memory_fit import DoesNotFit
 from qwen3exp.plan.render import print_plans
 from qwen3exp.run import disk, identity
@@ -136,6 +136,8 @@ def _check_batch(
         try:
             cfg = loader.load_sweep_config(config, list(overrides))
         except Exception as e:  # Hydra's composition errors, as Problems naming the override
+            if terminated():  # SIGTERM interrupted Hydra; what it raised while unwinding is not the config's
+                raise Terminated() from e
             errors.append(ConfigError(composition_problems(e, list(overrides), config), context=context))
             continue
         with open_dict(cfg):

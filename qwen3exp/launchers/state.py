@@ -69,10 +69,20 @@ class Terminated(BaseException):
     """SIGTERM or SIGHUP outside a job (while checking, between two jobs): stop like Ctrl-C."""
 
 
+_TERMINATED = [False]
+
+
+def terminated() -> bool:
+    """Whether SIGTERM or SIGHUP came while checking (`on_sigterm`): an error raised while its
+    `Terminated` unwound a library's code (Hydra composing a sweep point) is the signal's doing."""
+    return _TERMINATED[0]
+
+
 def on_sigterm(signum, _frame):
     if signum == signal.SIGHUP and job_started():
         # A job is running: its launcher stops the ranks and records the run on SIGTERM (qwen3exp's
         # local launcher installs that handler for the job's lifetime); a hang-up means the same.
         os.kill(os.getpid(), signal.SIGTERM)
         return
+    _TERMINATED[0] = True
     raise Terminated()
