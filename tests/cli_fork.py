@@ -139,11 +139,13 @@ class Started:
         self.send_signal(signal.SIGKILL)
 
 
-def start(args: list[str], cwd: Path, env: dict[str, str], base: dict[str, str], log: Path) -> Started | None:
-    """`python -m qwen3exp ARGS` forked from the server in the background, its stdout and stderr in
-    `log`; None where it must be a real subprocess."""
+def start(
+    args: list[str], cwd: Path, env: dict[str, str], base: dict[str, str], log: Path, err: Path | None = None
+) -> Started | None:
+    """`python -m qwen3exp ARGS` forked from the server in the background, its stdout in `log` and
+    its stderr in `err` (or `log` too); None where it must be a real subprocess."""
     result = Path(tempfile.mkdtemp(prefix="qwen3exp_cli_")) / "result"
-    pid = _request(args, cwd, env, base, log, log, result)
+    pid = _request(args, cwd, env, base, log, err or log, result)
     return None if pid is None else Started(pid, result, [sys.executable, "-m", "qwen3exp", *args])
 
 

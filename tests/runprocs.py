@@ -34,18 +34,22 @@ def env_with(**extra: str) -> dict:
     return cli_env(extra)
 
 
-def start_cli(*args: str, log: Path, fresh: bool = False, **env: str) -> subprocess.Popen | cli_fork.Started:
-    """`python -m qwen3exp ARGS` in the background, output to `log`: forked from a process that has
-    imported it (tests/cli_fork.py) unless `fresh` (a new interpreter)."""
-    if not fresh and (started := cli_fork.start(list(args), REPO, env_with(**env), cli_env(), log)) is not None:
+def start_cli(
+    *args: str, log: Path, err: Path | None = None, cwd: Path = REPO, fresh: bool = False, **env: str
+) -> subprocess.Popen | cli_fork.Started:
+    """`python -m qwen3exp ARGS` in the background in `cwd`, stdout to `log` and stderr to `err` (or
+    `log` too): forked from a process that has imported it (tests/cli_fork.py) unless `fresh` (a new
+    interpreter)."""
+    if not fresh and (started := cli_fork.start(list(args), cwd, env_with(**env), cli_env(), log, err)) is not None:
         return started
-    return subprocess.Popen(
-        [sys.executable, "-m", "qwen3exp", *args],
-        cwd=REPO,
-        env=env_with(**env),
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-    )
+    with log.open("w") as out, (err or Path(os.devnull)).open("w") as errors:
+        return subprocess.Popen(
+            [sys.executable, "-m", "qwen3exp", *args],
+            cwd=cwd,
+            env=env_with(**env),
+            stdout=out,
+            stderr=subprocess.STDOUT if err is None else errors,
+        )
 
 
 def wait_for(
@@ -73,7 +77,9 @@ def metric_rows(run_dir: Path) -> int:
 
 
 def run_processes(run_dir: Path) -> list[str]:
-    """'pid: command line' of every live process whose command line names the run directory."""
+    """'pid: command line' of every live process whose command line names the run directory or
+    that holds it (or a file in it) open: a process forked from the tests' fork server keeps the
+    server's command line (tests/cli_fork.py)."""
     out = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) == os.getpid():
@@ -83,9 +89,26 @@ def run_processes(run_dir: Path) -> list[str]:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if str(run_dir) in cmd and state != "Z":
+        if state != "Z" and (str(run_dir) in cmd or _holds(int(pid), run_dir)):
             out.append(f"{pid}: {cmd[:200]}")
     return out
+
+
+def _holds(pid: int, run_dir: Path) -> bool:
+    """Whether process `pid` has the run directory, or anything under it, open."""
+    inside = str(run_dir) + os.sep
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target == str(run_dir) or target.startswith(inside):
+            return True
+    return False
 
 
 def assert_no_survivors(run_dir: Path, grace: float = 5.0) -> None:
@@ -115,15 +138,13 @@ class Background:
     """`python -m qwen3exp ARGS` started now and collected later: a module fixture starts a
     training that a later test checks, so that it runs beside the tests in between (a 1-rank
     training leaves the second core of a 2-core machine idle). stdout and stderr go to files in
-    `folder` (a pipe nobody reads would stall a chatty launcher)."""
+    `folder` (a pipe nobody reads would stall a chatty launcher). Forked like `start_cli` unless
+    `fresh`."""
 
-    def __init__(self, *args: str, folder: Path, cwd: Path = REPO, **env: str) -> None:
+    def __init__(self, *args: str, folder: Path, cwd: Path = REPO, fresh: bool = False, **env: str) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.stdout, self.stderr = folder / "stdout.log", folder / "stderr.log"
-        with self.stdout.open("w") as out, self.stderr.open("w") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "qwen3exp", *args], cwd=cwd, env=env_with(**env), stdout=out, stderr=err
-            )
+        self.proc = start_cli(*args, log=self.stdout, err=self.stderr, cwd=cwd, fresh=fresh, **env)
 
     def result(self, timeout: float = 600) -> subprocess.CompletedProcess:
         """Wait for it (as `conftest.run_cli` would have): exit code, stdout, stderr."""

@@ -7,22 +7,20 @@ a rerun of a different experiment into that directory is refused before anything
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, compose, read_metrics, read_summary, run_cli
+from conftest import compose, read_metrics, read_summary, run_cli
 from hf_fixtures import write_checkpoint
 from qwen3exp.config.schema import validate_experiment
 from qwen3exp.run import rundir
-from runprocs import kill_leftovers, launch_seconds
+from runprocs import kill_leftovers, launch_seconds, start_cli
 
 pytestmark = pytest.mark.slow
 
@@ -54,14 +52,7 @@ def _finetune(ckpt: Path) -> tuple[str, ...]:
 def _interrupt_after_first_checkpoint(args: tuple[str, ...], run_dir: Path, log: Path, timeout: float = 300) -> int:
     """Start the run, Ctrl-C (SIGINT) the launcher once checkpoint step-2 is complete; returns its
     exit code (its output is in `log`)."""
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "qwen3exp", *args, f"hydra.run.dir={run_dir}"],
-            cwd=REPO,
-            env=_env(),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    proc = start_cli(*args, f"hydra.run.dir={run_dir}", log=log)
     deadline = time.monotonic() + timeout
     try:
         while rundir.latest_checkpoint_step(run_dir) is None:  # step-2 saved and signed by every rank
@@ -81,10 +72,6 @@ def _checkpoints(run_dir: Path) -> list[int]:
     return [s for s in rundir.complete_checkpoint_steps(run_dir) if latest is not None and s <= latest]
 
 
-def _env() -> dict:
-    return dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-
-
 def test_killed_run_resumes_exactly(tmp_path):
     # The uninterrupted reference trains side by side with the run that is stopped (nothing here
     # depends on timing: the Ctrl-C waits for checkpoint step-2 on disk, the losses are bit-exact).
@@ -93,22 +80,7 @@ def test_killed_run_resumes_exactly(tmp_path):
     ckpt = write_checkpoint(tmp_path / "ckpt", tied=True, seed=3)
     args = _finetune(ckpt)
     keep = [a for a in args if not a.startswith(("checkpoint.interval=", "checkpoint.keep_latest_k="))]
-    with log.open("w") as out:
-        ref = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "qwen3exp",
-                *keep,
-                "checkpoint.interval=1",
-                "checkpoint.keep_latest_k=2",
-                f"hydra.run.dir={reference}",
-            ],
-            cwd=REPO,
-            env={"HF_HUB_OFFLINE": "1", **_env()},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    ref = start_cli(*keep, "checkpoint.interval=1", "checkpoint.keep_latest_k=2", f"hydra.run.dir={reference}", log=log)
     try:
         run_dir, stopped_log = tmp_path / "killed", tmp_path / "killed.log"
         killed_code = _interrupt_after_first_checkpoint(args, run_dir, stopped_log)
@@ -134,7 +106,7 @@ def test_killed_run_resumes_exactly(tmp_path):
     assert not (run_dir / rundir.EXPORT).exists()  # exported at the end only
 
     started = time.monotonic()
-    r = subprocess.run(resume, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
+    r = run_cli(*resume[3:], timeout=600)  # the command it names (python -m qwen3exp ARGS, checked above)
     took = time.monotonic() - started
     assert r.returncode == 0, r.stderr[-3000:]
     s = read_summary(run_dir)

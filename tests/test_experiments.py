@@ -10,16 +10,14 @@ parallelism, compile on/off, resolved attention).
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-from conftest import CONF, REPO, compose, read_metrics, read_summary
+from conftest import CONF, compose, read_metrics, read_summary
 from qwen3exp.config.schema import validate_experiment
 from qwen3exp.launchers.local import prepare
+from runprocs import start_cli
 from trn2_assets import overrides_for
 
 EXPERIMENTS = CONF / "experiment"
@@ -196,31 +194,21 @@ TRAINED_TWINS = [t for t in TWINS if t != "tiny_native"]
 def twin_runs(tmp_path_factory):
     """Every twin trained for 3 steps through the real command line, the runs started side by side."""
     root = tmp_path_factory.mktemp("twins")
-    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
     procs = {
-        twin: subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "qwen3exp",
-                f"experiment={twin}",
-                "training.steps=3",
-                "training.warmup_steps=1",
-                "training.seq_len=128",
-                "training.local_batch_size=4",
-                "metrics.tensorboard=false",
-                f"hydra.run.dir={root / twin}",
-            ],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+        twin: start_cli(
+            f"experiment={twin}",
+            "training.steps=3",
+            "training.warmup_steps=1",
+            "training.seq_len=128",
+            "training.local_batch_size=4",
+            "metrics.tensorboard=false",
+            f"hydra.run.dir={root / twin}",
+            log=root / f"{twin}.log",
         )
         for twin in TRAINED_TWINS
     }
-    outputs = {twin: p.communicate(timeout=1200)[0] for twin, p in procs.items()}
-    return {twin: (root / twin, procs[twin].returncode, outputs[twin]) for twin in TRAINED_TWINS}
+    codes = {twin: p.wait(timeout=1200) for twin, p in procs.items()}
+    return {twin: (root / twin, codes[twin], (root / f"{twin}.log").read_text()) for twin in TRAINED_TWINS}
 
 
 @pytest.mark.slow

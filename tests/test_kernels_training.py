@@ -11,14 +11,12 @@ several blocks and blocks are padded). The README's user kernel is checked in-pr
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import yaml
 
-from conftest import REPO, read_metrics, read_summary
+from conftest import read_metrics, read_summary
+from runprocs import start_cli
 
 pytestmark = pytest.mark.slow
 
@@ -41,21 +39,12 @@ SWEEPS = {
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("kernels")
-    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
     procs = {
-        name: subprocess.Popen(
-            [sys.executable, "-m", "qwen3exp", "-m", f"name={name}", f"hydra.sweep.dir={root / name}", *COMMON, *ovr],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        name: start_cli("-m", f"name={name}", f"hydra.sweep.dir={root / name}", *COMMON, *ovr, log=root / f"{name}.log")
         for name, ovr in SWEEPS.items()
     }
     for name, p in procs.items():
-        out, _ = p.communicate(timeout=900)
-        assert p.returncode == 0, f"{name}:\n{out[-4000:]}"
+        assert p.wait(timeout=900) == 0, f"{name}:\n{(root / f'{name}.log').read_text()[-4000:]}"
     # one job folder per point (named by its overrides): tell them apart by the resolved experiment
     out = {}
     for name in SWEEPS:

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from conftest import REPO, read_metrics, read_summary, read_validation, run_cli
-from runprocs import env_with
+from runprocs import env_with, start_cli
 
 PNG = b"\x89PNG\r\n\x1a\n"
 TINY_1RANK = (
@@ -132,16 +132,10 @@ def pair(tmp_path_factory):
     """Two 3-step trainings on 1 rank each, started together: training.lr 1e-3 (A) and 3e-3 (B)."""
     root = tmp_path_factory.mktemp("compare") / "runs"
     dirs = {"a": root / "lr_low", "b": root / "lr_high"}
-    procs = {}
-    for key, lr in (("a", "1e-3"), ("b", "3e-3")):
-        log = (root.parent / f"{key}.log").open("w")
-        procs[key] = subprocess.Popen(
-            [sys.executable, "-m", "qwen3exp", *TINY_1RANK, f"training.lr={lr}", f"hydra.run.dir={dirs[key]}"],
-            cwd=REPO,
-            env=env_with(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    procs = {
+        key: start_cli(*TINY_1RANK, f"training.lr={lr}", f"hydra.run.dir={dirs[key]}", log=root.parent / f"{key}.log")
+        for key, lr in (("a", "1e-3"), ("b", "3e-3"))
+    }
     for key, proc in procs.items():
         assert proc.wait(timeout=400) == 0, (root.parent / f"{key}.log").read_text()[-3000:]
     return dirs

@@ -10,17 +10,14 @@ sweep directory, qwen3exp's launcher, torchrun.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, read_summary, read_validation, run_cli
-from runprocs import Background
+from conftest import read_summary, read_validation, run_cli
+from runprocs import Background, start_cli
 
 TINY = ("launcher.nproc_per_node=1", "metrics.tensorboard=false", "training.steps=4", "validation.freq=2")
 
@@ -189,15 +186,8 @@ def test_optuna_search_minimizes_val_loss_and_continues_after_a_stop(tmp_path):
 
     d = tmp_path / "search"
     args = ["-m", *TINY, "experiment=tiny_search", "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={d}"]
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), HF_HUB_OFFLINE="1")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "qwen3exp", *args],
-        cwd=tmp_path,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    log = tmp_path / "first.log"
+    proc = start_cli(*args, log=log, cwd=tmp_path)
 
     def completed() -> list[Path]:
         return [p for p in d.glob("*/summary.json") if read_summary(p.parent).get("status") == "completed"]
@@ -218,10 +208,11 @@ def test_optuna_search_minimizes_val_loss_and_continues_after_a_stop(tmp_path):
         while recorded() < 1 and proc.poll() is None:
             assert time.monotonic() < deadline, "the first trial did not complete in time"
             time.sleep(0.2)
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert proc.poll() is None, log.read_text()[-3000:]
         finished = {p.parent: p.stat().st_mtime_ns for p in completed()}
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
+        out = log.read_text()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -279,7 +270,9 @@ def grid(request, tmp_path_factory):
     )
     d = tmp / "sweep"
     args = ["--config-dir", str(conf), "experiment=grid", *TINY, "sweep.parallel_jobs=2"]
-    started = Background(*args, f"hydra.sweep.dir={d}", folder=tmp / "launcher")
+    # A new interpreter, as a user starts it: the jobs run in joblib's own processes, and a launcher
+    # forked from the fork server would hold torch (imported there), which a real one does not.
+    started = Background(*args, f"hydra.sweep.dir={d}", folder=tmp / "launcher", fresh=True)
     yield {"args": args, "dir": d, "dry_dir": tmp / "dry", "started": started}
     started.stop(d)
 

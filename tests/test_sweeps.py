@@ -14,18 +14,14 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO, read_metrics, read_summary, run_cli
-from runprocs import Background
+from runprocs import Background, start_cli, wait_for
 
 ONE_RANK = "launcher.nproc_per_node=1"
 SWEEP = ["-m", "experiment=tiny_sweep", ONE_RANK, "training.lr=1e-3,3e-3", "training.seed=1,2"]
@@ -34,13 +30,6 @@ POINTS = [("0.001", "1"), ("0.001", "2"), ("0.003", "1"), ("0.003", "2")]
 
 def job_dir(sweep_dir: Path, lr: str, seed: str) -> Path:
     return sweep_dir / f"experiment=tiny_sweep,{ONE_RANK},training.lr={lr},training.seed={seed}"
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    return env
 
 
 # ------------------------------------------------------------------------- fast: before any job
@@ -126,22 +115,13 @@ def sweep(tmp_path_factory, failing):
     runs beside it.)"""
     sweep_dir = tmp_path_factory.mktemp("sweeps") / "lr_x_seed"
     args = [*SWEEP, f"hydra.sweep.dir={sweep_dir}"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "qwen3exp", *args],
-        cwd=REPO,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    log = sweep_dir.parent / "first.log"
+    proc = start_cli(*args, log=log)
     third = job_dir(sweep_dir, *POINTS[2]) / "experiment.yaml"
-    deadline = time.monotonic() + 400
-    while not third.exists():
-        assert proc.poll() is None, f"sweep ended before its third job started:\n{proc.stdout.read()}"
-        assert time.monotonic() < deadline, "third job did not start in time"
-        time.sleep(0.1)
+    wait_for(third.exists, proc=proc, timeout=400, what="the third job's start")
     proc.send_signal(signal.SIGINT)
-    first_out, _ = proc.communicate(timeout=120)
+    proc.wait(timeout=120)
+    first_out = log.read_text()
     before = {p: (job_dir(sweep_dir, *p) / "summary.json").read_bytes() for p in POINTS[:2]}
     mtimes = {p: (job_dir(sweep_dir, *p) / "metrics.jsonl").stat().st_mtime_ns for p in POINTS[:2]}
     second_run = run_cli(*args)
