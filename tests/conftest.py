@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -53,9 +54,13 @@ LONGEST_FIRST = (
 
 def pytest_configure(config: pytest.Config) -> None:
     """The quick tier (`-m "not slow"`) trains nothing: the fork server (tests/cli_fork_server.py)
-    need not import torchtitan for it."""
+    need not import torchtitan for it. The tests press Ctrl-C on the commands they start, as at a
+    terminal: started in the background of a script (`pytest ... &`, nohup), this process would
+    pass an ignored SIGINT on to every command, which keeps it ignored (POSIX; Python too)."""
     if "not slow" in (config.option.markexpr or ""):
         os.environ["QWEN3EXP_TESTS_PRELOAD"] = "0"
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.hookimpl(tryfirst=True)
