@@ -112,12 +112,15 @@ class Started:
     the tests use (pid, poll, wait, send_signal, terminate, kill, returncode). It is the server's
     child, which reaps it and writes its exit code to `result`."""
 
-    def __init__(self, pid: int, result: Path, args: list[str]) -> None:
+    def __init__(self, pid: int, result: Path, args: list[str], own_folder: bool = False) -> None:
         self.pid, self.args, self.returncode, self._result = pid, args, None, result
+        self._own_folder = own_folder  # `result`'s folder is this object's: removed once read
 
     def poll(self) -> int | None:
         if self.returncode is None and self._result.is_file():
             self.returncode = int(self._result.read_text())
+            if self._own_folder:
+                shutil.rmtree(self._result.parent, ignore_errors=True)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -146,7 +149,10 @@ def start(
     its stderr in `err` (or `log` too); None where it must be a real subprocess."""
     result = Path(tempfile.mkdtemp(prefix="qwen3exp_cli_")) / "result"
     pid = _request(args, cwd, env, base, log, err or log, result)
-    return None if pid is None else Started(pid, result, [sys.executable, "-m", "qwen3exp", *args])
+    if pid is None:
+        shutil.rmtree(result.parent)
+        return None
+    return Started(pid, result, [sys.executable, "-m", "qwen3exp", *args], own_folder=True)
 
 
 def run(

@@ -124,6 +124,8 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
 SchedulerType=sched/backfill
+# The main scheduling loop every 5 s, not 60: a requeued job starts soon after its StartTime.
+SchedulerParameters=sched_interval=5
 MpiDefault=none
 KillWait=5
 InactiveLimit=0
