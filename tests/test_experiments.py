@@ -17,7 +17,7 @@ import pytest
 from conftest import CONF, compose, read_metrics, read_summary
 from qwen3exp.config.schema import validate_experiment
 from qwen3exp.launchers.local import prepare
-from runprocs import start_cli
+from runprocs import Background
 from trn2_assets import overrides_for
 
 EXPERIMENTS = CONF / "experiment"
@@ -194,21 +194,19 @@ TRAINED_TWINS = [t for t in TWINS if t != "tiny_native"]
 def twin_runs(tmp_path_factory):
     """Every twin trained for 3 steps through the real command line, the runs started side by side."""
     root = tmp_path_factory.mktemp("twins")
+    steps = ("training.steps=3", "training.warmup_steps=1", "training.seq_len=128", "training.local_batch_size=4")
     procs = {
-        twin: start_cli(
+        twin: Background(
             f"experiment={twin}",
-            "training.steps=3",
-            "training.warmup_steps=1",
-            "training.seq_len=128",
-            "training.local_batch_size=4",
+            *steps,
             "metrics.tensorboard=false",
             f"hydra.run.dir={root / twin}",
-            log=root / f"{twin}.log",
-        )
+            folder=root / "logs" / twin,
+        )  # fmt: skip
         for twin in TRAINED_TWINS
     }
-    codes = {twin: p.wait(timeout=1200) for twin, p in procs.items()}
-    return {twin: (root / twin, codes[twin], (root / f"{twin}.log").read_text()) for twin in TRAINED_TWINS}
+    done = {twin: p.result(timeout=1200) for twin, p in procs.items()}
+    return {twin: (root / twin, r.returncode, r.stdout + r.stderr) for twin, r in done.items()}
 
 
 @pytest.mark.slow

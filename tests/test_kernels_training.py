@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from conftest import read_metrics, read_summary
-from runprocs import start_cli
+from runprocs import Background
 
 pytestmark = pytest.mark.slow
 
@@ -40,11 +40,14 @@ SWEEPS = {
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("kernels")
     procs = {
-        name: start_cli("-m", f"name={name}", f"hydra.sweep.dir={root / name}", *COMMON, *ovr, log=root / f"{name}.log")
+        name: Background(
+            "-m", f"name={name}", f"hydra.sweep.dir={root / name}", *COMMON, *ovr, folder=root / "logs" / name
+        )
         for name, ovr in SWEEPS.items()
     }
     for name, p in procs.items():
-        assert p.wait(timeout=900) == 0, f"{name}:\n{(root / f'{name}.log').read_text()[-4000:]}"
+        r = p.result(timeout=900)
+        assert r.returncode == 0, f"{name}:\n{(r.stdout + r.stderr)[-4000:]}"
     # one job folder per point (named by its overrides): tell them apart by the resolved experiment
     out = {}
     for name in SWEEPS:

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from conftest import REPO, read_metrics, read_summary, read_validation, run_cli
-from runprocs import env_with, start_cli
+from runprocs import Background, env_with
 
 PNG = b"\x89PNG\r\n\x1a\n"
 TINY_1RANK = (
@@ -133,11 +133,12 @@ def pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("compare") / "runs"
     dirs = {"a": root / "lr_low", "b": root / "lr_high"}
     procs = {
-        key: start_cli(*TINY_1RANK, f"training.lr={lr}", f"hydra.run.dir={dirs[key]}", log=root.parent / f"{key}.log")
+        key: Background(*TINY_1RANK, f"training.lr={lr}", f"hydra.run.dir={dirs[key]}", folder=root.parent / key)
         for key, lr in (("a", "1e-3"), ("b", "3e-3"))
     }
-    for key, proc in procs.items():
-        assert proc.wait(timeout=400) == 0, (root.parent / f"{key}.log").read_text()[-3000:]
+    for proc in procs.values():
+        r = proc.result(timeout=400)
+        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     return dirs
 
 
