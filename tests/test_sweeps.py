@@ -118,7 +118,10 @@ def sweep(tmp_path_factory, failing):
     log = sweep_dir.parent / "first.log"
     proc = start_cli(*args, log=log)
     third = job_dir(sweep_dir, *POINTS[2]) / "experiment.yaml"
-    wait_for(third.exists, proc=proc, timeout=400, what="the third job's start")
+    try:
+        wait_for(third.exists, proc=proc, timeout=400, what="the third job's start")
+    except AssertionError as e:  # the sweep ended first, or took too long: show what it said
+        raise AssertionError(f"{e}:\n{log.read_text()[-3000:]}") from None
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=120)
     first_out = log.read_text()
