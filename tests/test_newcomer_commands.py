@@ -146,11 +146,16 @@ def test_a_slip_gets_the_command_that_was_meant(capsys, argv, message, hint):
     assert "missing EQUAL" not in err
 
 
-def test_eval_is_a_slip_while_no_eval_command_exists(capsys):
-    if "eval" in COMMANDS:
-        pytest.skip("qwen3exp has an eval command")
+def test_eval_is_a_command_and_its_slips_name_it(capsys):
+    """`eval` is a command: a misspelling is pointed at it, and `eval` without its run directory (or
+    with a folder that is none) answers with exit 2 and its usage, never as an override."""
+    assert "eval" in COMMANDS
+    code, _, err = cli(capsys, "evla")
+    assert code == 2 and "unknown command 'evla'" in err and "did you mean 'eval'? qwen3exp eval" in err
     code, _, err = cli(capsys, "eval")
-    assert code == 2 and "unknown command 'eval'" in err and "init, ls, cp, report" in err
+    assert code == 2 and "usage: qwen3exp eval" in err and "required: run" in err
+    code, _, err = cli(capsys, "eval", "nope")
+    assert code == 2 and "nope: not a directory" in err
 
 
 def test_other_mistakes_keep_their_messages(capsys):

@@ -50,14 +50,6 @@ def sweep_size(ov) -> int | None:
         return None
 
 
-def sweep_values(ov) -> list[str] | None:
-    """Every value of a sweep override (call `sweep_size` first: a range is listed whole); None
-    for the forms only an adaptive sweeper expands (interval(), tag())."""
-    if sweep_size(ov) is None:
-        return None
-    return list(ov.sweep_string_iterator())
-
-
 def first_value(ov) -> str | None:
     """The first value of a sweep override, without listing the others (a shuffled range: its start)."""
     r = _range(ov)

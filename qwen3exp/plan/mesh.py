@@ -6,7 +6,7 @@ node), or the ranks per node that the platform has no devices for.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from qwen3exp.config.schema import Experiment
 from qwen3exp.errors import ConfigError, Problem, one_of
@@ -133,7 +133,3 @@ def resolve_mesh(exp: Experiment, facts: PlatformFacts) -> Mesh:
     if problems or mesh is None:
         raise ConfigError(problems)
     return mesh
-
-
-def mesh_dict(mesh: Mesh) -> dict:
-    return asdict(mesh)

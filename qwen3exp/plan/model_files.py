@@ -95,12 +95,6 @@ def assets_folder(exp: Experiment) -> Path:
     return folder_of(refs(exp).tokenizer(exp))
 
 
-def checkpoint_path(exp: Experiment) -> str | None:
-    """checkpoint.path when checkpoint.load=hf (None: the model's own folder), None otherwise."""
-    c = exp.checkpoint
-    return c.path if c.loads_weights else None
-
-
 def weights_folder(exp: Experiment) -> Path | None:
     """The folder loaded at step 0, or None when training starts from random weights."""
     if not exp.checkpoint.loads_weights:
