@@ -12,14 +12,16 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import typing
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from conftest import REPO, compose
 from qwen3exp import platforms
 from qwen3exp.cli import main
-from qwen3exp.config.schema import validate_experiment
+from qwen3exp.config.schema import Experiment, validate_experiment
 from qwen3exp.config.sections.platform import CpuPlatform
 from qwen3exp.errors import ConfigError
 from qwen3exp.launchers.torchrun import rank_env
@@ -102,6 +104,44 @@ def test_runs_of_one_graph_share_a_folder_and_another_graph_gets_another(base, t
     # Other platforms have no compile cache: their facts pass through unchanged.
     cpu = platforms.resolve(CpuPlatform(), dry_run=True)
     assert neuron_cache.for_graph(cpu, first.exp, first.arch, first.mesh, first.batches) is cpu
+
+
+def test_the_attention_kernel_is_in_the_key(base, tmp_path):
+    """model.attention changes the compiled graph, so it is in the key: `auto` is the platform's own
+    kernel (sdpa on Neuron), the same graph as naming it; another kernel is another key (compared on
+    the experiment: the plan refuses flex on Neuron today, the key must not depend on that)."""
+    auto = _plan(base, tmp_path / "a")
+    sdpa = _plan(base, tmp_path / "b", model__attention="sdpa")
+    assert _folder(sdpa) == _folder(auto)
+    args = (auto.arch, auto.mesh, auto.batches, auto.platform, {})
+    flex = validate_experiment({**base, "model": {**base["model"], "attention": "flex"}})
+    assert neuron_cache.graph_key(flex, *args)["model"]["attention"] == "flex"
+    assert neuron_cache.key_hash(neuron_cache.graph_key(flex, *args)) != auto.platform.env[KEY_ENV]
+
+
+def _models(annotation) -> list[type[BaseModel]]:
+    """The pydantic models a field's annotation names (a section's variants, through unions)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for a in typing.get_args(annotation) for m in _models(a)]
+
+
+def _schema_keys() -> set[tuple[str, str]]:
+    """(section, key) of every key of every section's variants; ("", key) for top-level scalars."""
+    keys = set()
+    for name, field in Experiment.model_fields.items():
+        models = _models(field.annotation)
+        keys |= {(name, k) for m in models for k in m.model_fields} if models else {("", name)}
+    return keys
+
+
+def test_every_schema_key_is_placed_in_or_out_of_the_key():
+    """A key that changes the graph cannot be forgotten: each one is in exactly one of GRAPH_FIELDS,
+    PLANNED_FIELDS and INPUT_FIELDS (a new key fails here until it is placed)."""
+    tables = (neuron_cache.GRAPH_FIELDS, neuron_cache.PLANNED_FIELDS, neuron_cache.INPUT_FIELDS)
+    placed = [(s, k) for t in tables for s, keys in t.items() for k in keys]
+    assert len(placed) == len(set(placed)), [p for p in placed if placed.count(p) > 1]
+    assert set(placed) == _schema_keys(), (_schema_keys() - set(placed), set(placed) - _schema_keys())
 
 
 def test_compilers_flags_and_versions_are_in_the_key(base, tmp_path, monkeypatch):
