@@ -132,6 +132,39 @@ def test_non_qwen3_architecture(tmp_path, model):
     assert "['LlamaForCausalLM'] is not Qwen3" in err and "Qwen3ForCausalLM" in err
 
 
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_config_json_key_of_the_wrong_type_is_refused_by_name(tmp_path, dry_run):
+    # `"architectures": 5` crashed the architecture check (exit 70, a traceback), dry run and real.
+    folder = _folder(tmp_path / "m", {**json.loads((TOKENIZER_DIR / "config.json").read_text()), "architectures": 5})
+    if dry_run:
+        r = run_cli("model=hf", f"model.hf_assets_path={folder}", "dry_run=true")
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        err = r.stderr
+    else:
+        err = _refused(tmp_path, "model=hf", f"model.hf_assets_path={folder}")
+    assert f"model.hf_assets_path = '{folder}'" in err
+    assert "config.json: architectures is 5 (a JSON number), not a list of architecture names" in err
+
+
+@pytest.mark.parametrize(
+    "key, bad",
+    [
+        ("architectures", "Qwen3ForCausalLM"),
+        ("architectures", [5]),
+        ("model_type", ["qwen3"]),
+        ("tie_word_embeddings", "false"),
+        ("attention_bias", 0),
+        ("hidden_act", 1),
+        ("decoder_sparse_step", "1"),
+    ],
+)
+def test_config_json_keys_read_are_type_checked(key, bad):
+    cfg = {**json.loads((TOKENIZER_DIR / "config.json").read_text()), key: bad}
+    with pytest.raises(ValueError, match=f"^{key} is ") as e:
+        arch_from_hf_config(cfg)
+    assert type(e.value).__name__ == "HFConfigError"
+
+
 def test_tokenizer_vocab_larger_than_model_vocab(tmp_path):
     cfg = hf_config_from_arch(replace(FLAVORS["tiny"], vocab_size=1024))
     folder = _folder(tmp_path / "small-vocab", cfg)

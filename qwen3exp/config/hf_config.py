@@ -9,23 +9,13 @@ hostile config.json is refused in a second. Plain JSON: no transformers.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from qwen3exp.config.flavors import Arch, MoEArch
+from qwen3exp.config.hf_config_values import HFConfigError, check_types, finite, positive
 
 # Architectures the Hugging Face config.json reader accepts.
 HF_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
-
-
-class HFConfigError(ValueError):
-    """config.json is missing, unreadable, or not a Qwen3 architecture the chosen backend can build."""
-
-    def __init__(self, message: str, *, allowed: str | None = None, hint: str | None = None):
-        super().__init__(message)
-        self.allowed = allowed
-        """What would be accepted instead (None: a Qwen3 architecture)."""
-        self.hint = hint
 
 
 # RoPE types transformers 5 implements (`transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS`, plus
@@ -72,6 +62,7 @@ def arch_from_hf_config(cfg: dict, *, backend: str = "native") -> Arch:
     bias, sliding windows, mixed dense/MoE layouts, unnormalised top-k routing), so such a checkpoint
     is refused instead of trained subtly wrong. backend="hf" (transformers builds the model): RoPE
     scaling is accepted when transformers implements its type (`HF_ROPE_TYPES`)."""
+    check_types(cfg)
     archs = cfg.get("architectures") or []
     if not any(a in HF_ARCHITECTURES for a in archs) and cfg.get("model_type") not in ("qwen3", "qwen3_moe"):
         raise HFConfigError(
@@ -126,34 +117,34 @@ def _check_rope(cfg: dict, backend: str) -> None:
 def _arch(cfg: dict, unsupported: list[str]) -> Arch:
     """The numbers of config.json as an Arch (`unsupported`: what is already known to be refused).
     Raises KeyError, TypeError or ValueError for a missing or malformed number."""
-    dim = _positive(cfg, "hidden_size")
-    n_heads = _positive(cfg, "num_attention_heads")
+    dim = positive(cfg, "hidden_size")
+    n_heads = positive(cfg, "num_attention_heads")
     rope = cfg.get("rope_parameters")
     if not isinstance(rope, dict):
         rope = {}
     # Missing keys take transformers' Qwen3Config defaults, as AutoConfig would.
-    theta = _finite(cfg, "rope_theta", _finite(rope, "rope_theta", 10000.0))
+    theta = finite(cfg, "rope_theta", finite(rope, "rope_theta", 10000.0))
     moe = _moe(cfg, unsupported)
     if unsupported:
         raise HFConfigError("not representable by the native Qwen3: " + "; ".join(unsupported))
     return Arch(
-        n_layers=_positive(cfg, "num_hidden_layers"),
+        n_layers=positive(cfg, "num_hidden_layers"),
         dim=dim,
         n_heads=n_heads,
-        n_kv_heads=_positive(cfg, "num_key_value_heads") if cfg.get("num_key_value_heads") is not None else n_heads,
-        head_dim=_positive(cfg, "head_dim") if cfg.get("head_dim") is not None else dim // n_heads,
+        n_kv_heads=positive(cfg, "num_key_value_heads") if cfg.get("num_key_value_heads") is not None else n_heads,
+        head_dim=positive(cfg, "head_dim") if cfg.get("head_dim") is not None else dim // n_heads,
         hidden_dim=(
-            _positive(cfg, "intermediate_size")
+            positive(cfg, "intermediate_size")
             if cfg.get("intermediate_size") is not None
             else (moe.hidden_dim if moe else 0)
         ),
-        vocab_size=_positive(cfg, "vocab_size"),
+        vocab_size=positive(cfg, "vocab_size"),
         tied=bool(cfg.get("tie_word_embeddings", False)),
         rope_theta=theta,
         max_seq_len=(
-            _positive(cfg, "max_position_embeddings") if cfg.get("max_position_embeddings") is not None else 32768
+            positive(cfg, "max_position_embeddings") if cfg.get("max_position_embeddings") is not None else 32768
         ),
-        norm_eps=_finite(cfg, "rms_norm_eps", 1e-6),
+        norm_eps=finite(cfg, "rms_norm_eps", 1e-6),
         moe=moe,
     )
 
@@ -166,64 +157,15 @@ def _moe(cfg: dict, unsupported: list[str]) -> MoEArch | None:
     if not experts:
         return None
     moe = MoEArch(
-        num_experts=_positive(cfg, "num_experts" if cfg.get("num_experts") else "num_local_experts"),
-        top_k=_positive(cfg, "num_experts_per_tok"),
-        hidden_dim=_positive(cfg, "moe_intermediate_size"),
+        num_experts=positive(cfg, "num_experts" if cfg.get("num_experts") else "num_local_experts"),
+        top_k=positive(cfg, "num_experts_per_tok"),
+        hidden_dim=positive(cfg, "moe_intermediate_size"),
     )
     if int(cfg.get("decoder_sparse_step", 1)) != 1 or cfg.get("mlp_only_layers"):
         unsupported.append("mixed dense/MoE layer layouts (decoder_sparse_step, mlp_only_layers)")
     if not cfg.get("norm_topk_prob", True):
         unsupported.append("norm_topk_prob=false (native Qwen3 MoE normalises the top-k weights)")
     return moe
-
-
-HF_LIMITS = {
-    "num_hidden_layers": 1024,
-    "num_experts": 4096,
-    "num_local_experts": 4096,
-    "num_experts_per_tok": 4096,
-    "num_attention_heads": 4096,
-    "num_key_value_heads": 4096,
-    "head_dim": 65536,
-}
-"""Upper bounds of a Qwen3 config.json's counts, about 10x the largest published model's (94 layers,
-128 experts, 64 heads): a config.json with 10^12 layers must be refused in a second, not planned
-layer by layer (the checks list every tensor per layer and expert)."""
-HF_SIZE_LIMIT = 1 << 24
-"""Every other size (hidden_size, vocab_size, intermediate sizes): at most 16M."""
-
-
-def _positive(cfg: dict, key: str) -> int:
-    """cfg[key] as an int > 0 (a zero head count would divide by zero below, in torchtitan or in
-    transformers) and within `HF_LIMITS`."""
-    value = cfg[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise HFConfigError(f"config.json {key} is {_shown(value)}, not a positive integer")
-    limit = HF_LIMITS.get(key, HF_SIZE_LIMIT)
-    if value > limit:
-        raise HFConfigError(f"config.json {key} is {value}, beyond any Qwen3 (at most {limit})")
-    return value
-
-
-def _finite(cfg: dict, key: str, default: float, *, positive: bool = True) -> float:
-    """cfg[key] (or `default` when it is absent or null) as a finite float (> 0 where `positive`):
-    a NaN rope_theta or an infinite norm epsilon trains NaN losses in every rank."""
-    value = cfg.get(key)
-    if value is None:
-        return default
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or (positive and value <= 0)
-    ):
-        raise HFConfigError(f"config.json {key} is {_shown(value)}, not a finite number" + (" > 0" if positive else ""))
-    return float(value)
-
-
-def _shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:80] + "..."
 
 
 # Arch field -> the config.json key that holds it (for messages that name the user's keys).
