@@ -40,9 +40,15 @@ def check_types(cfg: dict) -> None:
         value = cfg.get(key)
         if value is None:
             continue
-        bad = not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value <= 0))
-        if key == "architectures" and not bad:
-            bad = not all(isinstance(a, str) for a in value)
+        match value:
+            case bool() if kind is int:
+                bad = True
+            case int() if kind is int:
+                bad = value <= 0
+            case list() if key == "architectures":
+                bad = not all(isinstance(a, str) for a in value)
+            case _:
+                bad = not isinstance(value, kind)
         if bad:
             raise HFConfigError(
                 f"{key} is {_shown(value)} (a JSON {_json_type(value)}), not {allowed}",
