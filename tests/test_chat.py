@@ -139,6 +139,24 @@ def test_interactive_loop_keeps_the_conversation_until_exit(run, reference, caps
     assert out == f"{reference[f'greedy-{SEED}']['text']}\n{reference['follow-up']}\n"
 
 
+def test_an_answer_that_ends_at_once_is_said_not_printed_as_an_empty_line(tmp_path, capsys, monkeypatch):
+    """The model's first new token ends its turn: the bundled tokenizer decodes it (special tokens
+    skipped) to "", which `--prompt` and the loop printed as a bare empty line."""
+    from transformers import AutoTokenizer
+
+    from qwen3exp.analysis import chat as chat_module
+    from qwen3exp.assets import TOKENIZER_DIR
+
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZER_DIR))
+    monkeypatch.setattr(chat_module, "_check_run", lambda run: None)
+    monkeypatch.setattr(chat_module, "find_weights", lambda run: chat_module.Weights(tmp_path))
+    monkeypatch.setattr(chat_module, "load", lambda weights, convert=None: (None, tok))
+    monkeypatch.setattr(chat_module, "generate", lambda model, tok, ids, **decoding: [tok.eos_token_id])
+    said = "(the model ended its turn without text)\n"
+    assert chat_here(capsys, monkeypatch, str(tmp_path), "--prompt", PROMPT) == (0, said, "")
+    assert chat_here(capsys, monkeypatch, str(tmp_path), stdin=f"{PROMPT}\n{FOLLOW_UP}\n") == (0, said * 2, "")
+
+
 def refused(capsys, *args: str) -> str:
     """The one line `qwen3exp chat ARGS` (in this process: refused before torch is imported) exits
     2 with."""

@@ -33,6 +33,7 @@ from qwen3exp.run import records, rundir, signing
 
 PROG = "qwen3exp chat"
 EXIT = "/exit"
+NO_TEXT = "(the model ended its turn without text)"  # printed for an empty answer, not a bare empty line
 Convert = Callable[[Path, dict, Path], None]
 """(DCP step folder, the run's resolved experiment, empty folder) -> a Hugging Face folder there."""
 
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None, convert: Convert | None = None) -> int:
         reply = answer(model, tok, messages, thinking=args.thinking, **decoding)
         if len(runs) > 1:
             print(f"=== {run} ({w.folder}) ===")
-        print(reply, flush=True)
+        print(reply if reply.strip() else NO_TEXT, flush=True)
     return 0
 
 
@@ -270,4 +271,4 @@ def _loop(model, tok, *, thinking: bool, **decoding) -> int:
         messages.append({"role": "user", "content": line.rstrip("\n")})
         reply = answer(model, tok, messages, thinking=thinking, **decoding)
         messages.append({"role": "assistant", "content": reply})
-        print(reply, flush=True)
+        print(reply if reply.strip() else NO_TEXT, flush=True)
