@@ -287,13 +287,22 @@ def test_a_fifo_in_a_run_is_exit_2_and_never_blocks(tmp_path, capsys, fifo_name)
     fifo = b / fifo_name
     fifo.unlink(missing_ok=True)
     os.mkfifo(fifo)
-    commands = [("report", str(b), "--no-files"), ("report", str(tmp_path), "--no-files")]
+    commands = [("report", str(b), "--no-files")]
     if fifo_name == "experiment.yaml":
         commands.append(("diff", str(a), str(b)))
     for argv in commands:
         code, _ = _within(20, lambda argv=argv: _cli(*argv), fifo)
         err = capsys.readouterr().err
         assert code == 2 and f"{fifo}" in err and "FIFO" in err, (argv, err)
+    # Beside a readable run, the run holding the FIFO is listed as unreadable and the rest reported.
+    code, _ = _within(20, lambda: _cli("report", str(tmp_path), "--no-files", "--format", "csv"), fifo)
+    out, err = capsys.readouterr()
+    assert code == 0 and f"{fifo}" in err and "FIFO" in err and "listed as unreadable" in err, err
+    header, *rows = (line.split(",") for line in out.splitlines())
+    assert {row[0]: row[header.index("status")] for row in rows} == {
+        "a": "incomplete",
+        "b": "unreadable",
+    }, out
 
 
 def test_report_into_a_read_only_folder_is_exit_2(tmp_path, capsys, monkeypatch):

@@ -126,6 +126,34 @@ def test_comparison_of_fake_runs_handles_missing_values(tmp_path, capsys):
     assert "B vs A" not in out
 
 
+def test_a_summary_cut_in_half_is_listed_as_unreadable_and_the_rest_reported(tmp_path, capsys):
+    """A run killed while something wrote its summary.json (qwen3exp writes it atomically; another
+    tool, a copy or an old run may not): the report names the file, lists that run as unreadable and
+    reports the others, files included; exit 2 only when no run is readable."""
+    from qwen3exp.analysis import report
+
+    summary = {"status": "completed", "steps_completed": 2, "wall_seconds": 10.0, "last_loss": 3.0}
+    rows = [{"step": 1, "loss": 4.0, "tokens_per_second": 10.0}, {"step": 2, "loss": 3.0}]
+    _fake_run(tmp_path / "a", 1e-3, rows, summary)
+    _fake_run(tmp_path / "b", 2e-3, [{**r, "loss": r["loss"] - 0.5} for r in rows], summary)
+    cut = _fake_run(tmp_path / "cut", 3e-3, rows, summary)
+    text = (cut / "summary.json").read_text()
+    (cut / "summary.json").write_text(text[: len(text) // 2])
+    assert report.main([str(tmp_path), "--format", "csv"]) == 0
+    out, err = capsys.readouterr()
+    table = {line.split(",")[0]: line.split(",") for line in out.splitlines()[1:]}
+    assert table["a"][1:4] == ["0.001", "completed", "2"] and table["b"][1:4] == ["0.002", "completed", "2"]
+    assert table["cut"][1:3] == ["0.003", "unreadable"], out
+    assert f"{cut / 'summary.json'}: " in err and "(its run is listed as unreadable)" in err
+    assert "Traceback" not in err and (tmp_path / "report.md").is_file()
+    # Two runs, one unreadable: the table, no comparison; the unreadable one alone: exit 2.
+    assert report.main([str(tmp_path / "a"), str(cut), "--no-files"]) == 0
+    assert "B vs A" not in capsys.readouterr().out
+    assert report.main([str(cut), "--no-files"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and f"{cut / 'summary.json'}: " in err and "listed as unreadable" not in err
+
+
 # ---------------------------------------------------------------- slow: two real trainings
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):

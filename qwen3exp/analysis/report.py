@@ -13,8 +13,10 @@ terminal table (default), Markdown or CSV (`--format`); `report.md`, `report.csv
 PATH; several: only with `--out DIR`; `--no-files` writes nothing). Exit code 2 when a PATH holds no run.
 
 Run directories are read as data (`qwen3exp.analysis.runs`): a recorded file that is not readable
-as plain data (a FIFO, a dangling link, too large or too deep, not JSON) is exit 2 naming it; a
-metrics.jsonl line that is no metrics row is left out and named on stderr. `report.md` starts with
+as plain data (a FIFO, a dangling link, too large or too deep, not JSON: a summary.json cut in half)
+is named on stderr and its run listed with status `unreadable` while the other runs are reported
+(exit 2 only when no run is readable); a metrics.jsonl line that is no metrics row is left out and
+named on stderr. `report.md` starts with
 MARK, and a report file that `report` did not write (report.md without MARK, a report.csv without
 its header, a PNG without its metadata, a link, a FIFO) is never replaced: exit 2 before printing.
 """
@@ -105,8 +107,8 @@ def write_files(
     if best is not None:
         head, rerun = best.split("\n", 1)
         note += f"{head[0].upper()}{head[1:]}; {rerun.strip()}"
-    if len(runs) == 2:
-        note += "\n\n" + render_comparison_markdown(compare(*runs))
+    if (pair := comparison(runs)) is not None:
+        note += "\n\n" + render_comparison_markdown(pair)
     rundir.atomic_write_text(out_dir / REPORT_MD, MARK + "\n\n" + render_markdown(t) + note.rstrip() + "\n")
     rundir.atomic_write_text(out_dir / REPORT_CSV, render_csv(t))
     plot_losses(t, out_dir / LOSS_PNG)
@@ -194,6 +196,24 @@ def render(t: Table, pair: Comparison | None, fmt: str) -> str:
     return text + (f"\n\n{comparison}" if comparison else "") + "\n"
 
 
+def comparison(runs: list[Run]) -> Comparison | None:
+    """B vs A for exactly two runs that are both readable (an unreadable one has nothing to compare)."""
+    return compare(*runs) if len(runs) == 2 and all(r.readable for r in runs) else None
+
+
+def _unreadable(runs: list[Run]) -> list[str]:
+    """The problems of the unreadable runs, each ending with what `report` does about it: with a
+    readable run beside them they are listed as `unreadable`, with none the report is refused."""
+    problems = [p for r in runs for p in r.problems]
+    if not problems or not any(r.readable for r in runs):
+        return problems
+    print(
+        "\n".join(f"{PROG}: {printable(p)} (its run is listed as unreadable)" for p in problems),
+        file=sys.stderr,
+    )
+    return []
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
@@ -203,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         problems.append(f"--out {args.out}: not a directory")
     runs = [load_run(p) for p in paths] if not problems else []
-    problems += [p for r in runs for p in r.problems]
+    problems += _unreadable(runs)
     out = None if args.no_files else args.out or (args.paths[0] if len(args.paths) == 1 else None)
     if out is not None and not problems and out.is_dir() and (foreign := foreign_files(out)):
         problems.append(str(NotOurs(foreign, out)))
@@ -220,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     root = label_root(args.paths)
     t = table(runs, root=root)
-    sys.stdout.write(render(t, compare(*runs) if len(runs) == 2 else None, args.format))
+    sys.stdout.write(render(t, comparison(runs), args.format))
     if args.no_files:
         return 0
     if out is None:

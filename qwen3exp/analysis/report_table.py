@@ -74,7 +74,8 @@ def ranking(runs: list[Run]) -> tuple[str, str] | None:
 def table(runs: list[Run], *, root: Path | None = None, status: dict[Path, str] | None = None) -> Table:
     """The report table; `status` replaces the recorded status of some runs (e.g. skipped). Ranked
     by the runs' objective, best first, runs without a value last (stable: ties keep their order)."""
-    varied = varied_keys(runs) if len(runs) > 1 else []
+    known = [r for r in runs if r.experiment or r.readable]  # an unreadable experiment varies nothing
+    varied = varied_keys(known) if len(known) > 1 else []
     status = status or {}
     rank = ranking(runs) if len(runs) > 1 else None
     if rank is not None:

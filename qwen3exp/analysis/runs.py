@@ -4,8 +4,9 @@ experiment, summary and metrics rows.
 Every file is read through `qwen3exp.run.records` (a regular file within size and depth limits,
 plain YAML/JSON, nothing resolved), so a run directory handed over by someone else can neither
 hang the reader (a FIFO, a 50 MB file, an anchor bomb) nor crash it. What cannot be read is kept
-in `Run.problems` (the file and why: `report` exits 2 naming it); a metrics.jsonl line that is no
-metrics row is left out and named in `Run.skipped`.
+in `Run.problems` (the file and why: `report` names it and lists the run as `unreadable`, e.g. a
+summary.json cut in half by a kill, written by a tool that did not write it atomically); a
+metrics.jsonl line that is no metrics row is left out and named in `Run.skipped`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,14 @@ class Run:
     """`line N: why` for each metrics.jsonl line that is no metrics row (left out)."""
 
     @property
+    def readable(self) -> bool:
+        """Whether every recorded file that exists could be read as data (`problems` is empty)."""
+        return not self.problems
+
+    @property
     def status(self) -> str:
+        if not self.readable:
+            return "unreadable"
         if self.summary:
             return str(self.summary.get("status"))
         return "incomplete" if rundir.looks_like_run(self.path) else "not run"
