@@ -28,7 +28,7 @@ from qwen3exp.plan.build import make_plan
 from qwen3exp.plan.memory_fit import DoesNotFit
 from qwen3exp.platforms import resolve
 from qwen3exp.titan.job_config import override_claims
-from trn2_assets import overrides_for
+from trn2_assets import QWEN3_4B_INSTRUCT_2507, overrides_for, write_folder
 
 TWO_CPU_RANKS = ("platform=cpu", "launcher.nproc_per_node=2")
 AUTO = ("parallelism=auto", "training.local_batch_size=auto")
@@ -177,6 +177,43 @@ def test_trn2_parallelism_auto_plans_on_64_ranks(name):
     assert set(plan.layout.keys) == {f"parallelism.{d}" for d in DEGREES}
     fixed = _plan(f"experiment={name}", *overrides_for(name), "parallelism=auto", "parallelism.tp=1")
     assert "parallelism.tp" not in fixed.layout.keys and fixed.exp.parallelism.tp == 1
+
+
+# https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json (the values that differ from the 4B's)
+QWEN3_8B = {
+    **QWEN3_4B_INSTRUCT_2507,
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "tie_word_embeddings": False,
+    "rope_theta": 1000000,
+    "max_position_embeddings": 40960,
+}
+
+
+def test_the_auto_layout_keeps_the_global_batch_by_accumulation(tmp_path):
+    """Issue 39: trn2_qwen3_4b_hf with an 8B config.json at seq 8192: parallelism=auto chose tp 4 x dp 16
+    and trained 16 sequences a step where parallelism=fsdp (every rank data-parallel) trains 128. The
+    chosen layout now keeps the default layout's global batch by gradient accumulation, and says so."""
+    folder = write_folder(tmp_path / "Qwen3-8B", QWEN3_8B, weights=True)
+    base = ("experiment=trn2_qwen3_4b_hf", f"model.hf_assets_path={folder}", "training.seq_len=8192", "dry_run=true")
+    fsdp = _plan(*base, "parallelism=fsdp").batches
+    assert (fsdp.local_batch_size, fsdp.grad_accum_steps, fsdp.global_batch_size) == (2, 1, 128)  # 64 ranks x 2
+    plan = _plan(*base, "parallelism=auto", "training.activation_checkpoint=auto")
+    b, m = plan.batches, plan.mesh
+    assert m.tp > 1 and b.global_batch_size == 128 == b.local_batch_size * m.dp_shard * b.grad_accum_steps
+    assert b.grad_accum_steps == 64 // m.dp_shard > 1 and plan.exp.training.global_batch_size == 128
+    assert "global batch 128 sequences, kept" in plan.layout.global_batch
+    # The issue's command (the local batch left to auto too): the global batch parallelism=fsdp gives.
+    issue = (*base, "parallelism=auto", "training.local_batch_size=auto", "training.activation_checkpoint=auto")
+    default = _plan(*base, *issue[-2:], "parallelism=fsdp").batches.global_batch_size
+    r = run_cli(*issue, f"hydra.run.dir={tmp_path / 'run'}")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    chosen = _plan(*issue)
+    b, dp = chosen.batches, chosen.mesh.dp_shard * chosen.mesh.dp_replicate
+    assert chosen.mesh.tp > 1 and b.global_batch_size == default == 64 and b.grad_accum_steps == 64 // dp > 1
+    assert f"global batch {default} sequences, kept (training.global_batch_size=-1)" in r.stdout
+    line = f"batches:    local {b.local_batch_size} x dp {dp} x grad accumulation {b.grad_accum_steps} = global 64"
+    assert line in r.stdout and "kept by the plan: -1 in schema default" in r.stdout
 
 
 @pytest.mark.slow

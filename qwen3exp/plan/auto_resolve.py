@@ -5,7 +5,15 @@ searching again with it, trying in this order, cheapest first: full activation c
 nothing else changes), a smaller micro-batch (the same global batch through accumulation when
 training.global_batch_size is set), both, then more nodes (launcher.nnodes: more ranks to shard
 over, at the same memory per rank), then more nodes with both. Only keys not written `auto` are
-changed: an `auto` key was searched already."""
+changed: an `auto` key was searched already.
+
+The global batch is kept (`kept_global_batch`): a layout the plan chooses changes how the work is
+spread, never the optimisation. training.global_batch_size set: every layout reaches it through
+gradient accumulation (or is not a candidate). -1 with any degree written `auto`: the global batch is
+the one the default layout gives (every auto degree at its stand-in, `parallelism.STAND_IN`: FSDP over
+every rank) with the experiment's local batch (local_batch_size=auto: the one the plan chooses for that
+default layout; 1 where that layout fits none, said in the plan); the chosen layout keeps it by
+accumulation, and the plan says so."""
 
 from __future__ import annotations
 
@@ -15,11 +23,13 @@ from qwen3exp.config.flavors import Arch
 from qwen3exp.config.schema import Experiment
 from qwen3exp.config.sections.auto_values import AUTO
 from qwen3exp.config.sections.base import MAX_NODES
+from qwen3exp.config.sections.parallelism import DEGREES, Parallelism
 from qwen3exp.config.sections.training import Training
 from qwen3exp.errors import Problem
 from qwen3exp.plan import memory
 from qwen3exp.plan.auto_layout import Layout, Rules, Search, auto_keys, choose, resolved, search
 from qwen3exp.plan.memory_fit import DoesNotFit
+from qwen3exp.plan.mesh import mesh_problems
 from qwen3exp.platforms import PlatformFacts
 from qwen3exp.units import human_bytes
 
@@ -103,12 +113,45 @@ def resolve(exp: Experiment, arch: Arch, facts: PlatformFacts, rules: Rules) -> 
     keys = auto_keys(exp)
     if not keys:
         return exp, None
+    exp, kept = kept_global_batch(exp, arch, facts, rules)
     found = search(exp, arch, facts, rules)
     if not found.fitting:
         raise nothing_fits(exp, arch, facts, rules, found)
     winner, top, why = choose(found)
     chosen_exp, chosen = resolved(exp, winner)
-    return chosen_exp, Layout(keys, chosen, top, len(found.meshes), found.considered, len(found.fitting), why)
+    layout = Layout(keys, chosen, top, len(found.meshes), found.considered, len(found.fitting), why, kept)
+    return chosen_exp, layout
+
+
+def kept_global_batch(exp: Experiment, arch: Arch, facts: PlatformFacts, rules: Rules) -> tuple[Experiment, str | None]:
+    """`exp` with the global batch every candidate layout must keep (see the module doc), and the
+    plan's line about it (None: training.global_batch_size was set, or no degree is `auto`, so no
+    layout choice can change it)."""
+    p, t = exp.parallelism, exp.training
+    if not p.auto or t.global_batch_size != -1:
+        return exp, None
+    default = Parallelism.model_validate({k: getattr(p, k) for k in DEGREES})  # auto degrees hold STAND_IN
+    mesh, _ = mesh_problems(default, exp.launcher, facts)
+    if mesh is None:  # the world size itself is refused: the search says why
+        return exp, None
+    dp = mesh.dp_replicate * mesh.dp_shard
+    described = " x ".join(f"{k} {getattr(mesh, k)}" for k in DEGREES if getattr(mesh, k) > 1) or "1 rank"
+    local, how = t.local_batch_size, f"training.local_batch_size {t.local_batch_size}"
+    if "local_batch_size" in t.auto:
+        found = search(exp.model_copy(update={"parallelism": default}), arch, facts, rules)
+        local = choose(found)[0].shape.local_batch_size if found.fitting else 1
+        how = (
+            f"local batch {local}, what training.local_batch_size=auto chooses for it"
+            if found.fitting
+            else "local batch 1: THAT LAYOUT FITS NO BATCH, so the smallest"
+        )
+    kept = dp * local
+    note = (
+        f"global batch {kept} sequences, kept (training.global_batch_size=-1): the default layout ({described}: "
+        f"{dp} data-parallel ranks) with {how}; the chosen layout reaches it by gradient accumulation; "
+        "set training.global_batch_size to choose another"
+    )
+    return exp.model_copy(update={"training": _training(t, global_batch_size=kept)}), note
 
 
 def attempt(
@@ -130,5 +173,12 @@ def sources(provenance, exp: Experiment, layout: Layout | None) -> list[tuple[st
     if provenance is None:
         return []
     chosen = layout.chosen if layout is not None else {}
+    kept = {"training.global_batch_size"} if layout is not None and layout.global_batch else set()
     table = provenance.table(exp.model_dump(mode="json"))
-    return [(k, v, f"chosen by the plan: auto in {s}" if k in chosen else s) for k, v, s in table]
+    return [(k, v, _source(k, src, chosen, kept)) for k, v, src in table]
+
+
+def _source(key: str, source: str, chosen: dict, kept: set[str]) -> str:
+    if key in chosen:
+        return f"chosen by the plan: auto in {source}"
+    return f"kept by the plan: -1 in {source}" if key in kept else source
