@@ -112,6 +112,18 @@ def test_missing_hub_id_exits_2_with_the_fetch_command(tmp_path):
     assert not (run_dir / "logs").exists()
 
 
+def test_missing_folder_named_like_a_qwen3_release_names_its_hub_id_and_local_dir(tmp_path):
+    # The trn2 experiments' default folder: taken as a Hub id, it gave `hf download
+    # models/Qwen3-4B-Instruct-2507`, a repository that does not exist.
+    r = run_cli(
+        "experiment=trn2_qwen3_4b_hf", "dry_run=true", cwd=tmp_path, env={"HF_HUB_CACHE": str(tmp_path / "empty")}
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "model.hf_assets_path = 'models/Qwen3-4B-Instruct-2507'" in r.stderr
+    assert "hf download Qwen/Qwen3-4B-Instruct-2507 --local-dir models/Qwen3-4B-Instruct-2507" in r.stderr
+    assert "hf download models/" not in r.stderr
+
+
 @pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o027, 0o640)])
 def test_atomic_writes_honour_the_umask(tmp_path, mask, mode):
     from qwen3exp.config.flavors import FLAVORS

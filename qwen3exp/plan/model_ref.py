@@ -21,6 +21,20 @@ from pathlib import Path
 
 from qwen3exp.errors import Problem, nearby_path
 
+QWEN3_RELEASES = tuple(
+    f"Qwen3-{n}"
+    for n in (
+        *(f"{size}{base}" for size in ("0.6B", "1.7B", "4B", "8B", "14B", "30B-A3B") for base in ("", "-Base")),
+        "32B",
+        "235B-A22B",
+        *(f"{size}-{kind}-2507" for size in ("4B", "30B-A3B", "235B-A22B") for kind in ("Instruct", "Thinking")),
+    )
+)
+"""Qwen3 models the Hub holds as `Qwen/<name>` (the Qwen3 and Qwen3-2507 releases). A missing
+folder named like one of them (`models/Qwen3-4B-Instruct-2507`, the trn2 experiments' default) is
+that model not yet downloaded: its hint names the real Hub id and `--local-dir`, where the folder
+taken as a Hub id would give `hf download models/Qwen3-4B-Instruct-2507`, which does not exist."""
+
 # A Hub id: `name` or `namespace/name` (letters, digits, - _ .), then optionally `@revision`.
 # huggingface_hub's validate_repo_id decides in the end; this only rules out obvious paths.
 _HUB_ID = re.compile(r"^(?P<id>[A-Za-z0-9][\w.\-]*(?:/[\w.\-]+)?)(?:@(?P<rev>[^\s@]+))?$")
@@ -136,7 +150,7 @@ def resolve(
         cache = hub_cache_dir()
         near = nearby_path(local.resolve())
         near = near if near and near.startswith("did you mean") else None
-        hint = f"fetch it first (nothing is downloaded at run time): {ref.fetch_command()}"
+        hint = _missing_hint(value, ref)
         return ref, [
             Problem(
                 key,
@@ -149,6 +163,21 @@ def resolve(
             )
         ]
     return ModelRef(key, value, folder, repo_id, rev, folder.name), []
+
+
+def _missing_hint(value: str, ref: ModelRef) -> str:
+    """How to fetch a reference that is neither a folder nor in the cache: a folder named like a
+    Qwen3 release is that release downloaded into the folder; else the value taken as a Hub id."""
+    command = f"fetch it first (nothing is downloaded at run time): {ref.fetch_command()}"
+    name = Path(value.split("@")[0]).name
+    release = next((r for r in QWEN3_RELEASES if r.lower() == name.lower()), None)
+    if release is None or ref.repo_id == f"Qwen/{release}":
+        return command
+    local = shlex.join(["hf", "download", f"Qwen/{release}", "--local-dir", value.split("@")[0]])
+    return (
+        f"the folder is named like Qwen's {release}; download it into the folder: {local} (or into the "
+        f"Hugging Face cache with `hf download Qwen/{release}` and set {ref.key}=Qwen/{release})"
+    )
 
 
 def _snapshot(repo_id: str, revision: str | None) -> Path | None:
