@@ -31,7 +31,6 @@ from qwen3exp.config.sections.parallelism import DEGREES, Parallelism
 from qwen3exp.config.sections.training import AC_MODES, Training
 from qwen3exp.errors import Problem
 from qwen3exp.kernels.registry import problems as kernel_problems
-from qwen3exp.plan import attention_path as paths
 from qwen3exp.plan.batches import batch_problems
 from qwen3exp.plan.layout_cost import Shape, StepCost, run_step
 from qwen3exp.plan.memory_fit import memory_fit
@@ -161,12 +160,7 @@ def legal_meshes(exp: Experiment, arch: Arch, facts: PlatformFacts, rules: Rules
 
 def attention(exp: Experiment, facts: PlatformFacts) -> str:
     """The attention the run uses: model.attention, `auto` resolved by the platform."""
-    return paths.kernel_of(exp, facts)
-
-
-def attention_path(exp: Experiment, facts: PlatformFacts) -> paths.AttentionPath:
-    """The attention kernel the run uses and whether SDPA takes a mask (`qwen3exp.plan.attention_path`)."""
-    return paths.resolve(exp, facts)
+    return facts.attention if exp.model.attention == "auto" else exp.model.attention
 
 
 def _layout_rules(exp: Experiment, arch: Arch, facts: PlatformFacts, rules: Rules) -> Iterator[list[Problem]]:
@@ -175,7 +169,6 @@ def _layout_rules(exp: Experiment, arch: Arch, facts: PlatformFacts, rules: Rule
     yield sequence_problems(t, p)
     yield degree_problems(exp.model, t, p, arch, "the model")
     yield context_parallel_problems(exp.model, p, attention(exp, facts))
-    yield paths.problems(exp, attention(exp, facts))
     yield hf_moe_problems(exp, arch)
     yield rules(exp)
     yield kernel_problems(exp, facts)
