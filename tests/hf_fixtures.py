@@ -249,17 +249,32 @@ def masked_loss(folder: Path, inputs: list[list[int]], labels: list[list[int]], 
     return in_fresh_process("masked_loss_here", str(folder), inputs, labels, adapter and str(adapter))
 
 
-def lora_references(export: Path, inputs: list[list[int]], labels: list[list[int]]) -> list[dict]:
-    """`masked_loss` of PEFT on a LoRA export (its base and `adapter/`), then of its `merged/` folder
-    in plain transformers: both in one fresh process."""
-    return in_fresh_process("lora_references_here", str(export), inputs, labels)
+def lora_references(
+    base: Path, adapter: Path, merged: Path, inputs: list[list[int]], labels: list[list[int]]
+) -> list[dict]:
+    """`masked_loss` of PEFT (`PeftModel.from_pretrained` on the transformers `base` with `adapter`),
+    with PEFT's count of the adapter's parameters, then of the `merged` export in plain transformers,
+    with the largest difference between its weights and PEFT's `merge_and_unload()`: one fresh process."""
+    return in_fresh_process("lora_references_here", str(base), str(adapter), str(merged), inputs, labels)
 
 
-def lora_references_here(export: str, inputs, labels) -> list[dict]:
-    return [
-        masked_loss_here(export, inputs, labels, f"{export}/adapter"),
-        masked_loss_here(f"{export}/merged", inputs, labels, None),
-    ]
+def lora_references_here(base: str, adapter: str, merged: str, inputs, labels) -> list[dict]:
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    peft = masked_loss_here(base, inputs, labels, adapter)
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), adapter)
+    peft["adapter_parameters"] = sum(p.numel() for n, p in model.named_parameters() if ".lora_" in n)
+    want = model.merge_and_unload().state_dict()
+    got: dict = {}
+    for f in Path(merged).glob("model-*.safetensors"):
+        got |= load_file(f)
+    out = masked_loss_here(merged, inputs, labels, None)
+    out["keys_differ"] = sorted((set(want) ^ set(got)) - {"lm_head.weight"})
+    out["max_abs_diff"] = max((want[k].float() - got[k].float()).abs().max().item() for k in got)
+    return [peft, out]
 
 
 def masked_loss_here(folder: str, inputs, labels, adapter: str | None) -> dict:

@@ -61,18 +61,43 @@ def test_plan_trainable_parameters_and_memory():
     assert lora.memory.parameters == full.memory.parameters
     per_rank = -(-lora.parameters.trainable // 2)  # FSDP over 2 ranks
     assert lora.memory.gradients == per_rank * 4 and lora.memory.optimizer == 2 * per_rank * 4
-    with pytest.raises(ConfigError, match="k_proj and v_proj get adapters together"):
-        validate_experiment(compose("experiment=tiny_lora", "peft.targets=[q_proj,k_proj]"))
     with pytest.raises(ConfigError, match="peft.targets"):
         validate_experiment(compose("experiment=tiny_lora", "peft.targets=[qproj]"))
     with pytest.raises(ConfigError, match="grouped tensors"):
         _plan("experiment=tiny_lora", "model.flavor=tiny_moe", "peft.targets=[q_proj,gate_proj]")
 
 
+PEFT_DEFAULT = ["q_proj", "v_proj"]
+"""PEFT's own default LoRA targets for Qwen3 (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING)."""
+
+
+def test_every_subset_of_the_seven_targets_is_accepted():
+    """peft.targets takes any non-empty subset (the refusal of k_proj without v_proj is gone); a
+    target named twice is refused. PEFT's own Qwen3 default [q_proj, v_proj] validates on both
+    backends, and the plan counts rank x (in + out) of the named projections only."""
+    from itertools import combinations
+
+    from qwen3exp.config.sections.peft import Lora
+
+    subsets = [list(c) for n in range(1, len(ALL) + 1) for c in combinations(ALL, n)]
+    assert len(subsets) == 127 and all(Lora(targets=t).targets == t for t in subsets)
+    for targets in ("[q_proj,v_proj]", "[k_proj]", "[q_proj,k_proj,o_proj,down_proj]"):
+        assert validate_experiment(compose("experiment=tiny_lora", f"peft.targets={targets}"))
+    assert validate_experiment(compose("experiment=tiny_lora", "model=hf", "peft.targets=[q_proj,v_proj]"))
+    with pytest.raises(ConfigError, match="more than once"):
+        validate_experiment(compose("experiment=tiny_lora", "peft.targets=[q_proj,v_proj,q_proj]"))
+    plan = _plan("experiment=tiny_lora", "peft.rank=4", "peft.targets=[q_proj,v_proj]")
+    a = plan.arch
+    assert plan.parameters.trainable == a.n_layers * 4 * (
+        (a.dim + a.n_heads * a.head_dim) + (a.dim + a.n_kv_heads * a.head_dim)
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["native", "hf"])
 def test_tiny_lora_trains_adapters_only_and_peft_loads_them(tmp_path, backend):
-    """Both backends: model=native (torchtitan's converter) and model=hf (qwen3exp/titan/hf_lora.py)."""
+    """Both backends: model=native (torchtitan's converter, k and v split) and model=hf
+    (qwen3exp/titan/hf_lora.py), with PEFT's default targets [q_proj, v_proj]."""
     import torch
     from safetensors.torch import load_file
 
@@ -81,7 +106,7 @@ def test_tiny_lora_trains_adapters_only_and_peft_loads_them(tmp_path, backend):
     r = run_cli(
         "experiment=tiny_lora", "model.flavor=auto" if backend == "native" else "model=hf",
         f"model.hf_assets_path={ckpt}", "checkpoint=hf_roundtrip",
-        "checkpoint.dtype=float32", "checkpoint.merge_lora=true", f"peft.targets=[{','.join(ALL)}]", "platform=cpu",
+        "checkpoint.dtype=float32", "checkpoint.merge_lora=true", "peft.targets=[q_proj,v_proj]", "platform=cpu",
         "platform.threads_per_rank=1",
         "training.steps=8", "training.warmup_steps=1", "training.local_batch_size=4", "validation.freq=100",
         "validation.steps=1", "metrics.tensorboard=false", f"hydra.run.dir={run_dir}",
@@ -92,26 +117,34 @@ def test_tiny_lora_trains_adapters_only_and_peft_loads_them(tmp_path, backend):
     export = run_dir / "export" / "step-8"
     adapter = export / "adapter"
 
+    # The adapter on its own (no copy of the base), naming the model the user named.
+    assert sorted(p.name for p in export.iterdir()) == ["adapter", "merged"]
+    assert sorted(p.name for p in adapter.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(ckpt.resolve()) and config["revision"] is None
+    assert config["peft_type"] == "LORA" and config["r"] == 8 and config["lora_alpha"] == 16.0
+    assert config["target_modules"] == PEFT_DEFAULT and config["task_type"] == "CAUSAL_LM"
+
     # The trainable count: the plan's, the rank's (the adapter weights it wrote) and rank x (in + out).
     cfg = json.loads((ckpt / "config.json").read_text())
     plan = json.loads((run_dir / "plan.json").read_text())
     tensors = load_file(adapter / "adapter_model.safetensors")
-    assert plan["parameters"]["trainable"] == expected_trainable(cfg, 8, ALL)
+    assert plan["parameters"]["trainable"] == expected_trainable(cfg, 8, PEFT_DEFAULT)
     assert sum(t.numel() for t in tensors.values()) == plan["parameters"]["trainable"]
-    assert len(tensors) == 2 * len(ALL) * cfg["num_hidden_layers"]
-    assert "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in tensors
-    assert "base_model.model.model.layers.0.mlp.down_proj.lora_B.weight" in tensors
-    config = json.loads((adapter / "adapter_config.json").read_text())
-    assert config["peft_type"] == "LORA" and config["r"] == 8 and config["lora_alpha"] == 16.0
-    assert sorted(config["target_modules"]) == sorted(ALL) and config["task_type"] == "CAUSAL_LM"
+    assert len(tensors) == 2 * len(PEFT_DEFAULT) * cfg["num_hidden_layers"]
+    assert {k.split(".")[-3] for k in tensors} == set(PEFT_DEFAULT)  # exactly the named targets
+    assert "base_model.model.model.layers.0.self_attn.v_proj.lora_A.weight" in tensors
 
-    # The base weights are bit-identical after training.
-    loaded, exported = load_file(ckpt / "model.safetensors"), {}
-    for f in export.glob("model-*.safetensors"):
-        exported |= load_file(f)
-    assert exported and set(exported) <= set(loaded)
-    for key, value in exported.items():
-        assert torch.equal(value, loaded[key]), key
+    # The base weights are bit-identical after training: every weight of the merged export but the
+    # targeted ones (k_proj included, which has no adapter) equals the loaded one.
+    loaded, merged_weights = load_file(ckpt / "model.safetensors"), {}
+    for f in (export / "merged").glob("model-*.safetensors"):
+        merged_weights |= load_file(f)
+    assert merged_weights and set(merged_weights) <= set(loaded)
+    untouched = [k for k in merged_weights if not k.endswith(("q_proj.weight", "v_proj.weight"))]
+    assert any(k.endswith("k_proj.weight") for k in untouched)
+    for key in untouched:
+        assert torch.equal(merged_weights[key], loaded[key]), key
 
     # The loss falls.
     losses, vals = [m["loss"] for m in read_metrics(run_dir)], read_validation(run_dir)
@@ -120,12 +153,16 @@ def test_tiny_lora_trains_adapters_only_and_peft_loads_them(tmp_path, backend):
 
     assert all(t.abs().sum() > 0 for k, t in tensors.items() if "lora_B" in k)  # every adapter trained
 
-    # PEFT on the exported base, and the merged export (checkpoint.merge_lora) in plain transformers:
-    # the ranks' last validation loss on the same held-out batch; generate runs on both.
+    # PEFT on the transformers base (the checkpoint the run loaded) and the merged export
+    # (checkpoint.merge_lora) in plain transformers: the ranks' last validation loss on the same
+    # held-out batch; generate runs on both; PEFT's merge_and_unload() equals the merged export.
     assert summary["export"]["merged"]["ok"], summary["export"]
-    ref, merged = lora_references(export, *held_out_batch(export))
+    ref, merged = lora_references(ckpt, adapter, export / "merged", *held_out_batch(ckpt))
+    assert ref["adapter_parameters"] == expected_trainable(cfg, 8, PEFT_DEFAULT), ref
     assert abs(ref["loss"] - vals[-1]["val_loss"]) < 1e-4 and ref["generated"] == [1, 12], (ref, vals[-1])
     assert abs(merged["loss"] - ref["loss"]) < 1e-4 and merged["generated"] == [1, 12], (merged, ref)
+    assert not merged["keys_differ"] and merged["max_abs_diff"] < 1e-4, merged
+    print(f"{backend}: adapter {ref['adapter_parameters']} parameters, merged vs PEFT {merged['max_abs_diff']:.3g}")
 
 
 def held_out_batch(export: Path, seq_len: int = 192) -> tuple[list, list]:

@@ -9,9 +9,11 @@ kept). CUDA when there is one, else the CPU. Exit code 2 with one line: a path t
 qwen3exp run, no loadable weights, a tokenizer without a chat template, a bad number.
 
 What is loaded (transformers' AutoModelForCausalLM and AutoTokenizer, safetensors only):
-- the newest Hugging Face export `<run>/export/step-N` (highest N with config.json); of a peft=lora
-  export its `merged/` folder (checkpoint.merge_lora), else the base with `adapter/` applied
-  through transformers' PEFT integration (peft must be installed);
+- the newest Hugging Face export `<run>/export/step-N` (highest N with config.json or an adapter);
+  of a peft=lora export its `merged/` folder (checkpoint.merge_lora), else the base with `adapter/`
+  applied through transformers' PEFT integration (peft must be installed): the export's own copy of
+  the base, else the base model adapter_config.json names (`base_model_name_or_path` and
+  `revision`: a local folder, or a Hub id in the local Hugging Face cache, never downloaded);
 - else (model=native without peft) the newest DCP checkpoint `checkpoint/step-N` that qwen3exp
   signed, verified first (DCP reads with pickle: `qwen3exp.run.signing`), converted by `convert`
   (`qwen3exp.launchers.chat_dcp`: torchtitan's state dict adapter) into a temporary folder.
@@ -20,6 +22,7 @@ What is loaded (transformers' AutoModelForCausalLM and AutoTokenizer, safetensor
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import tempfile
@@ -29,11 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from qwen3exp.errors import EXIT_CONFIG_ERROR, printable
+from qwen3exp.plan import model_ref
 from qwen3exp.run import records, rundir, signing
 
 PROG = "qwen3exp chat"
 EXIT = "/exit"
 NO_TEXT = "(the model ended its turn without text)"  # printed for an empty answer, not a bare empty line
+ADAPTER_CONFIG = "adapter_config.json"
 Convert = Callable[[Path, dict, Path], None]
 """(DCP step folder, the run's resolved experiment, empty folder) -> a Hugging Face folder there."""
 
@@ -53,11 +58,13 @@ class Weights:
 
 
 def export_steps(run: Path) -> list[int]:
-    """The steps N of `<run>/export/step-N` folders that are complete (config.json), oldest first."""
+    """The steps N of `<run>/export/step-N` folders that are complete (config.json, or a LoRA
+    adapter on its own), oldest first."""
     return sorted(
         int(m.group(1))
         for p in (run / rundir.EXPORT).glob("step-*")
-        if (m := re.fullmatch(r"step-(\d+)", p.name)) and (p / "config.json").is_file()
+        if (m := re.fullmatch(r"step-(\d+)", p.name))
+        and ((p / "config.json").is_file() or (p / rundir.ADAPTER / ADAPTER_CONFIG).is_file())
     )
 
 
@@ -72,8 +79,26 @@ def find_weights(run: Path) -> Weights:
         return Weights(merged)
     adapter = folder / rundir.ADAPTER
     if adapter.is_dir():
-        return Weights(folder, adapter)
+        return Weights(folder if (folder / "config.json").is_file() else named_base(adapter), adapter)
     return Weights(folder)
+
+
+def named_base(adapter: Path) -> Path:
+    """The folder of the base model an adapter-only export names (adapter_config.json's
+    base_model_name_or_path and revision), resolved offline; Refused when it is not here."""
+    try:
+        config = json.loads((adapter / ADAPTER_CONFIG).read_text())
+        name, revision = config["base_model_name_or_path"], config.get("revision")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise Refused(f"{adapter / ADAPTER_CONFIG}: unreadable ({type(e).__name__}: {e})") from None
+    if not isinstance(name, str) or not isinstance(revision, str | None):
+        raise Refused(f"{adapter / ADAPTER_CONFIG}: base_model_name_or_path {name!r} is not a model reference")
+    ref, problems = model_ref.resolve("base_model_name_or_path", name, revision=revision, revision_key="revision")
+    if problems or ref.folder is None:
+        p = problems[0] if problems else None
+        why = f"{p.message}; {p.hint}" if p is not None and p.hint else (p.message if p else "does not resolve")
+        raise Refused(f"{adapter}: the adapter's base model {name!r} is not available here: {why}")
+    return ref.folder
 
 
 def _dcp_weights(run: Path) -> Weights:

@@ -33,7 +33,8 @@ class KeepLatestCheckpointManager(CheckpointManager):
         export_every: int = 0
         """Steps between exports; 0: only the last step."""
         adapter: str = ""
-        """A LoRA run: adapter_config.json's keys (JSON) for the PEFT folder of each export."""
+        """A LoRA run: adapter_config.json's keys (JSON) for the PEFT folder of each export; with a
+        `base` (the named base model) the export writes no copy of the base weights."""
         merge_lora: bool = False
         """A LoRA run: also export the merged weights (`<export>/merged`)."""
 
@@ -50,18 +51,28 @@ class KeepLatestCheckpointManager(CheckpointManager):
         return saved
 
     def _save_export(self, step: int) -> None:
-        """The model's weights (adapters left out) as Hugging Face safetensors in export_dtype."""
+        """The model's weights (adapters left out) as Hugging Face safetensors in export_dtype; a
+        LoRA run: the PEFT adapter folder, the merged weights when asked, and the base weights only
+        when the adapter names no base model of its own (`qwen3exp.plan.lora_base`)."""
         folder = Path(self._export.export_root) / f"step-{step}"
         states = self.states["model"].state_dict()
-        weights = {k: v.to(self.export_dtype) if v.is_floating_point() else v for k, v in states.items()}
         adapter = json.loads(self._export.adapter) if self._export.adapter else None
         if adapter is not None and self._export.merge_lora:
             merged = lora.merged(states, scaling=adapter["alpha"] / adapter["rank"], dtype=self.export_dtype)
             self.dcp_save(merged, checkpoint_id=str(folder / rundir.MERGED), async_mode=AsyncMode.DISABLED, to_hf=True)
-        base = {k: v for k, v in weights.items() if not lora.is_adapter(k)}
-        self.dcp_save(
-            base, checkpoint_id=str(folder), async_mode=AsyncMode.DISABLED, enable_garbage_collection=True, to_hf=True
-        )
+        if adapter is None or not adapter.get("base"):
+            base = {
+                k: v.to(self.export_dtype) if v.is_floating_point() else v
+                for k, v in states.items()
+                if not lora.is_adapter(k)
+            }
+            self.dcp_save(
+                base,
+                checkpoint_id=str(folder),
+                async_mode=AsyncMode.DISABLED,
+                enable_garbage_collection=True,
+                to_hf=True,
+            )
         if adapter is not None:
             lora.save_adapter(states, folder, adapter, self.export_dtype)
 

@@ -243,12 +243,16 @@ def peft_key(fqn: str) -> str:
     return f"base_model.model.model.layers.{layer}.{_PEFT_MODULES[module]}.{which}"
 
 
-def adapter_config(*, rank: int, alpha: float, dropout: float, targets: list[str], base: str) -> dict:
-    """adapter_config.json of a PEFT LoRA adapter (the keys `peft.LoraConfig` reads)."""
+def adapter_config(
+    *, rank: int, alpha: float, dropout: float, targets: list[str], base: str, revision: str | None = None
+) -> dict:
+    """adapter_config.json of a PEFT LoRA adapter (the keys `peft.LoraConfig` reads); `base`: the
+    base model's Hub id or folder, `revision` its Hub revision (None: main)."""
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "base_model_name_or_path": base,
+        "revision": revision,
         "r": rank,
         "lora_alpha": alpha,
         "lora_dropout": dropout,

@@ -21,7 +21,7 @@ from qwen3exp.config.flavors import Arch
 from qwen3exp.config.schema import Experiment
 from qwen3exp.config.sections.data import ChatData
 from qwen3exp.errors import ConfigError, Problem
-from qwen3exp.plan import auto_layout, model_files
+from qwen3exp.plan import auto_layout, lora_base, model_files
 from qwen3exp.platforms import PlatformFacts
 from qwen3exp.run import rundir
 from qwen3exp.titan import dataset, overrides
@@ -297,4 +297,4 @@ def lora_adapter_json(exp: Experiment) -> str:
         return ""
     from qwen3exp.titan import lora  # lazy: imports torchtitan
 
-    return lora.adapter_json(exp.peft)
+    return lora.adapter_json(exp.peft, lora_base.named_base(exp))

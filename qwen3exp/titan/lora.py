@@ -6,28 +6,32 @@ becomes a `LoRALinear` (base weight frozen, trainable `lora_a` (rank x in) and `
 are frozen at build time, so the optimizer and FSDP's gradients hold only the adapters.
 
 PEFT's target names map to torchtitan's Qwen3 modules (the keys of torchtitan's
-`Qwen3StateDictAdapter`): q_proj -> attention.qkv_linear.wq, k_proj and v_proj ->
-attention.qkv_linear.wk / wv (both built from one config, `wkv`: they get adapters together),
-o_proj -> attention.wo, gate_proj -> feed_forward.w1, down_proj -> feed_forward.w2,
-up_proj -> feed_forward.w3. The model is built with separate q/k/v projections (no fused `wqkv`),
-so each adapter is PEFT's own.
+`Qwen3StateDictAdapter`): q_proj -> attention.qkv_linear.wq, k_proj -> attention.qkv_linear.wk,
+v_proj -> attention.qkv_linear.wv, o_proj -> attention.wo, gate_proj -> feed_forward.w1,
+down_proj -> feed_forward.w2, up_proj -> feed_forward.w3. The model is built with separate q/k/v
+projections (no fused `wqkv`); torchtitan builds wk and wv from one config (`wkv`), so before
+converting, each layer's `QKVLinear` config becomes a `SplitQKVLinear` config with a config of its
+own for wk and for wv (`split_kv`): k_proj and v_proj get adapters independently, any subset of
+the seven is PEFT's own, and the module names (and state dict keys) stay wq / wk / wv.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from qwen3exp.config.sections.peft import Lora
+from qwen3exp.plan.lora_base import Base
 from qwen3exp.run import rundir
 from qwen3exp.titan import hf_export
 
 TITAN_NAMES = {
     "q_proj": "wq",
-    "k_proj": "wkv",
-    "v_proj": "wkv",
+    "k_proj": "wk",
+    "v_proj": "wv",
     "o_proj": "wo",
     "gate_proj": "w1",
     "down_proj": "w2",
@@ -40,7 +44,47 @@ def convert(model_config, peft: Lora):
     """The model config with LoRA adapters on `peft.targets` and everything else frozen."""
     targets = sorted({TITAN_NAMES[t] for t in peft.targets})
     config = _converter_cls().Config(rank=peft.rank, alpha=peft.alpha, target_modules=targets, dropout=peft.dropout)
-    return config.build().convert(model_config)
+    return config.build().convert(split_kv(model_config))
+
+
+def split_kv(model_config):
+    """`model_config` with each layer's `QKVLinear` config replaced by a `SplitQKVLinear` config:
+    wk and wv each built from a config of its own (copies of `wkv`)."""
+    from torchtitan.models.common.attention import QKVLinear  # lazy: torchtitan in the ranks only
+
+    split = _split_qkv_cls()
+    for layer in model_config.layers:
+        qkv = layer.attention.qkv_linear
+        if type(qkv) is QKVLinear.Config:
+            kept = {f.name: getattr(qkv, f.name) for f in fields(qkv) if f.init}
+            layer.attention.qkv_linear = split.Config(**kept, wk=replace(qkv.wkv), wv=replace(qkv.wkv))
+    return model_config
+
+
+@cache
+def _split_qkv_cls():
+    """torchtitan's `QKVLinear` (three projections, its forward) whose wk and wv come from separate
+    configs `wk` and `wv`, so the LoRA converter (which matches a config's name) can target one of
+    them. It stays a `QKVLinear.Config`, so torchtitan's tensor-parallel plan
+    (`set_qkv_linear_sharding`) still sets `wkv`'s sharding, which wk and wv take when built."""
+    from torchtitan.models.common.attention import BaseQKVLinear, QKVLinear  # lazy: torchtitan in the ranks only
+
+    class SplitQKVLinear(QKVLinear):
+        @dataclass(kw_only=True, slots=True)
+        class Config(QKVLinear.Config):
+            wk: Any
+            """k_proj's config (a `Linear.Config`, or a LoRA one)."""
+            wv: Any
+            """v_proj's config."""
+
+        def __init__(self, config) -> None:
+            BaseQKVLinear.__init__(self, config)
+            sharding = config.wkv.sharding_config
+            self.wq = config.wq.build()
+            self.wk = replace(config.wk, sharding_config=sharding).build()
+            self.wv = replace(config.wv, sharding_config=sharding).build()
+
+    return SplitQKVLinear
 
 
 def keep_base_frozen(parallelize_fn):
@@ -139,12 +183,19 @@ def merged(state_dict: dict, *, scaling: float, dtype) -> dict:
     return out
 
 
-def adapter_json(peft: Lora) -> str:
-    return json.dumps({"rank": peft.rank, "alpha": peft.alpha, "dropout": peft.dropout, "targets": peft.targets})
+def adapter_json(peft: Lora, base: Base | None) -> str:
+    """What each export's adapter_config.json needs (the checkpoint manager's `adapter`): the LoRA
+    keys and the named base model (`qwen3exp.plan.lora_base`; None: the export holds the base)."""
+    named = {"base": base.name_or_path, "revision": base.revision} if base is not None else {}
+    return json.dumps(
+        {"rank": peft.rank, "alpha": peft.alpha, "dropout": peft.dropout, "targets": peft.targets} | named
+    )
 
 
 def save_adapter(state_dict: dict, folder: Path, adapter: dict, dtype) -> None:
-    """Gather every LoRA weight (all ranks, in one order) and let rank 0 write the PEFT folder."""
+    """Gather every LoRA weight (all ranks, in one order) and let rank 0 write the PEFT folder
+    (`<folder>/adapter`), whose base_model_name_or_path is the named base, else `folder` (the
+    export's copy of the base)."""
     import torch.distributed as dist  # lazy: torch in the ranks only
     from safetensors.torch import save_file  # lazy: the same
     from torch.distributed.tensor import DTensor  # lazy: the same
@@ -159,5 +210,7 @@ def save_adapter(state_dict: dict, folder: Path, adapter: dict, dtype) -> None:
     out = folder / rundir.ADAPTER
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
-    config = hf_export.adapter_config(**adapter, base=str(folder))
+    lora_keys = {k: adapter[k] for k in ("rank", "alpha", "dropout", "targets")}
+    base = adapter.get("base") or str(folder)
+    config = hf_export.adapter_config(**lora_keys, base=base, revision=adapter.get("revision"))
     (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")

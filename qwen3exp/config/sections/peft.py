@@ -29,19 +29,16 @@ class Lora(Strict):
     dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
     """Dropout on the adapters' input (PEFT's lora_dropout)."""
     targets: Annotated[list[LoraTarget], Field(min_length=1)] = ["q_proj", "k_proj", "v_proj", "o_proj"]
-    """The projections that get adapters, named as PEFT names them."""
+    """The projections that get adapters, named as PEFT names them: any subset of the seven (PEFT's
+    own default for Qwen3 is [q_proj, v_proj]); each named projection gets its own adapter, and the
+    exported adapter holds exactly these."""
 
     @model_validator(mode="after")
-    def _k_with_v(self) -> Lora:
-        if ("k_proj" in self.targets) != ("v_proj" in self.targets):
-            raise ValueError(
-                tagged(
-                    "targets",
-                    self.targets,
-                    "k_proj and v_proj get adapters together (torchtitan builds both from one config)",
-                    "both k_proj and v_proj, or neither",
-                )
-            )
+    def _each_once(self) -> Lora:
+        twice = sorted({t for t in self.targets if self.targets.count(t) > 1})
+        if twice:
+            why = f"names {', '.join(twice)} more than once (a projection has one adapter)"
+            raise ValueError(tagged("targets", self.targets, why, "each projection at most once"))
         return self
 
 
