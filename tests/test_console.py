@@ -160,6 +160,59 @@ def test_watch_shows_nothing_of_the_ranks_once_they_are_stopped(tmp_path, caplog
     assert any("death signal" in r.getMessage() for r in caplog.records)  # in qwen3exp.log (DEBUG)
 
 
+# What a run whose disk filled while rank 0 saved a checkpoint printed (tests/test_faults.py's
+# full-disk run, shortened): the rank's traceback (multiprocessing's, the rank being a fork of the
+# agent), torchrun's report of it, the agent's note and its own traceback.
+FULL_DISK = [
+    "Process ForkProcess-1:",
+    "Traceback (most recent call last):",
+    '  File "/p/multiprocessing/process.py", line 314, in _bootstrap',
+    "torch.distributed.checkpoint.api.CheckpointException: CheckpointException ranks:dict_keys([0])",
+    "Traceback (most recent call last): (RANK 0)",
+    '  File "/p/torch/distributed/checkpoint/filesystem.py", line 524, in create_stream',
+    "    with path.open(mode) as stream:",
+    "OSError: [Errno 28] No space left on device",
+    "E1206 20:19:30.226000 12492 /p/api.py:836] failed (exitcode: 1) local_rank: 0 (pid: 12572) of fn: forked",
+    "E1206 20:19:30.226000 12492 /p/api.py:836] Traceback (most recent call last):",
+    "qwen3exp.run.agent: could not write /r/logs/agent_node0.json: [Errno 28] No space left on device",
+    "Traceback (most recent call last):",
+    '  File "/w/qwen3exp/run/forked_agent.py", line 100, in _run_agent',
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+    "forked FAILED",
+]
+
+
+def test_a_full_disk_shows_no_traceback_and_another_crash_shows_its_own(tmp_path, caplog):
+    """Issue 39: a disk that filled during training showed the rank's traceback, torchrun's report
+    and the agent's traceback before the launcher's clear message. They are left out of the console
+    (kept in qwen3exp.log); a traceback of anything else is shown whole, once complete."""
+
+    def watched(lines: list[str], *, verbose: bool = False) -> tuple[list[str], list[str], progress.Watch]:
+        caplog.clear()
+        watch = progress.Watch(tmp_path / "metrics.jsonl", 10, verbose=verbose, node_rank=0, stopping=lambda: False)
+        with caplog.at_level(logging.DEBUG, logger="qwen3exp"):
+            for line in lines:
+                watch.line(line + "\n")
+            watch.finish()
+        ranks = [r for r in caplog.records if r.name == "qwen3exp.ranks"]
+        return [r.getMessage() for r in ranks if r.levelno >= logging.INFO], [r.getMessage() for r in ranks], watch
+
+    shown, logged, watch = watched(["[default0]:RuntimeError: seen before the disk filled", *FULL_DISK])
+    assert shown == ["[default0]:RuntimeError: seen before the disk filled"]
+    assert logged[1:] == FULL_DISK  # in qwen3exp.log
+    assert watch.filter.hidden == {"lines printed after the disk filled": len(FULL_DISK)}
+    crash = ["Traceback (most recent call last):", '  File "/x/y.py", line 3, in <module>', "RuntimeError: boom"]
+    assert watched(crash)[0] == crash
+    assert watched(FULL_DISK, verbose=True)[0] == FULL_DISK
+    # Held only until complete: shown once the ranks have been quiet for QUIET_S.
+    clock = [0.0]
+    held = noise.HeldTracebacks(noise.RankFilter(verbose=False), now=lambda: clock[0])
+    assert held.take("a line") == (["a line"], []) and held.take(crash[0]) == ([], [])
+    assert held.take(crash[1]) == ([], []) and held.due() == ([], [])
+    clock[0] += held.QUIET_S
+    assert held.due() == (crash[:2], [])
+
+
 def test_rerun_command_resumes_in_the_run_directory_or_starts_anew():
     from qwen3exp.launchers.outcome import rerun_command
     from qwen3exp.run.provenance import Origin

@@ -259,6 +259,7 @@ def test_a_disk_that_fills_during_training_still_gets_its_summary(small_disk, tm
     assert s["status"] == "failed" and s["exit_code"] == 1 and 1 <= s["steps_completed"] < 400
     assert s["error"].startswith(f"the disk that holds {run_dir} is full ("), s["error"]
     assert f"error: the disk that holds {run_dir} is full" in out
+    assert "Traceback" not in out and "Errno 28" not in out, out[-3000:]  # the clear message only (issue 39)
     assert not list((run_dir / "logs").glob("*.reserve"))  # the room held for the summary is given back
 
 

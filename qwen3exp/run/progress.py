@@ -180,6 +180,7 @@ class Watch:
         self.log = console.logger("qwen3exp.launch")
         self.ranks = console.logger("qwen3exp.ranks")
         self.filter = noise.RankFilter(verbose=verbose, stopping=stopping)
+        self.held = noise.HeldTracebacks(self.filter)  # a traceback shown once complete, unless of a full disk
         self.progress = Progress(metrics, total_steps, self.say) if node_rank == 0 else None
         # eval.samples: the first line of each validation's first answer, after the validation's line.
         self.samples = SampleLines(Path(metrics).parent / rundir.SAMPLES) if node_rank == 0 else None
@@ -199,8 +200,14 @@ class Watch:
             self._phase = phase
             self.say(f"qwen3exp: {phase}", True)
         if self.filter.shows(line):
+            self._relay(*self.held.take(text))
+        elif self.filter.stopping() or self.filter.disk_full:
+            self.ranks.debug(text)
+
+    def _relay(self, shown: list[str], left_out: list[str]) -> None:
+        for text in shown:
             self.ranks.info(text)
-        elif self.filter.stopping():
+        for text in left_out:
             self.ranks.debug(text)
 
     def tick(self) -> None:
@@ -208,6 +215,7 @@ class Watch:
         samples.jsonl is read first: the metrics rank appends a validation's row to metrics.jsonl
         before its answers, and the next step's row after them, so every sample read here has its
         validation row in metrics.jsonl by the time that file is read."""
+        self._relay(*self.held.due())
         if self.progress is None or self.samples is None:
             return
         self._samples += self.samples.poll()
@@ -225,6 +233,7 @@ class Watch:
     def finish(self) -> None:
         """The last rows; what was left out, in one line (after a stop in qwen3exp.log only: the
         stop's own line is the last one on the console)."""
+        self._relay(*self.held.due(end=True))
         self.tick()
         self._say_samples(every=True)
         if (hidden := self.filter.summary()) is not None:
