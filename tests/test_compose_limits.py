@@ -7,6 +7,7 @@ writes it; a case that hung before its fix fails on a deadline instead of hangin
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from contextlib import contextmanager
@@ -74,8 +75,7 @@ def cli(user_repo, monkeypatch, capsys):
 
 @pytest.fixture
 def user_file(user_repo):
-    """Write conf/<rel> in the user's repository for one test (removed afterwards: every file of a
-    config folder is checked)."""
+    """Write conf/<rel> in the user's repository for one test (removed afterwards)."""
     written: list[Path] = []
 
     def write(rel: str, text: str | bytes) -> Path:
@@ -160,6 +160,77 @@ def test_a_billion_steps_plans_in_seconds(cli):
     assert "at step(s) 1, 10, 20, 30, 40, 50, ..., 1000000000;" in line
     code, out, err = cli("training.steps=1000000000", "dry_run=true")
     assert code == 0 and line in out, err
+
+
+# ------------------------------------------------------------------------------ files a run does not read
+def _broken(kind: str, path: Path, pwned: Path) -> None:
+    """A config file a launch must refuse when it reads it, and only then."""
+    if kind == "syntax":  # a half-written option on a branch
+        path.write_text("# @package _global_\nname: half\ntraining: [\n  steps: 3\n")
+    elif kind == "python_tag":  # PyYAML's unsafe loaders would run the command
+        path.write_text(f"# @package _global_\nname: half\nx: !!python/object/apply:os.system ['touch {pwned}']\n")
+    elif kind == "too_large":
+        path.write_text("# @package _global_\nname: half\nvalues:\n" + "  - 1\n" * 400_000)  # 2.3 MiB
+    elif kind == "link_loop":
+        path.symlink_to(path.name)
+    else:
+        os.mkfifo(path)  # Hydra would read it without end
+
+
+BROKEN = {
+    "syntax": "YAML syntax error at line 5, column 1",
+    "python_tag": "holds the YAML tag !!python/object/apply:os.system at line 3, column 4",
+    "too_large": "is 2.3 MiB; Hydra would parse it for minutes",
+    "link_loop": "cannot be read: Too many levels of symbolic links",
+    "fifo": "is not a regular file",
+}
+
+
+@pytest.mark.parametrize("kind", list(BROKEN))
+def test_a_broken_file_refuses_only_the_runs_that_read_it(cli, user_repo, tmp_path, kind):
+    """Hydra reads only the options a composition selects: a broken option nobody selects is named
+    in a one-line warning and every other run goes on; a run that selects it is refused (exit 2, the
+    file named), as are `--cfg` and `--info`, which compose it too."""
+    pwned = tmp_path / "pwned"
+    path = user_repo / "conf" / "experiment" / "half.yaml"
+    _broken(kind, path, pwned)
+    try:
+        code, out, err = cli("-cd", "conf", "experiment=my_experiment", "dry_run=true")
+        assert code == 0, err
+        assert "qwen3exp dry run: my_experiment" in out, out
+        warned = [line for line in err.splitlines() if str(path) in line]
+        assert len(warned) == 1 and warned[0].startswith(f"warning: {path}: {BROKEN[kind]}"), err
+        assert "not read by this run" in warned[0], err
+        for argv in (("experiment=half", "dry_run=true"), ("--cfg", "job", "experiment=half")):
+            code, out, err = cli("-cd", "conf", *argv)
+            assert code == 2, out + err
+            assert (
+                f"(config file) = '{path}': {BROKEN[kind]}" in err
+                or f"experiment = 'half': {path} {BROKEN[kind]}" in err
+            ), err
+    finally:
+        path.unlink()
+    assert not pwned.exists()  # the command was never run
+    _nothing_written(user_repo)
+
+
+def test_ls_lists_a_broken_experiment_as_broken(user_repo, capsys, monkeypatch, tmp_path):
+    from qwen3exp.config.catalog import main_ls
+
+    monkeypatch.chdir(user_repo)
+    paths = {kind: user_repo / "conf" / "experiment" / f"half_{kind}.yaml" for kind in BROKEN}
+    for kind, path in paths.items():
+        _broken(kind, path, tmp_path / "pwned")
+    try:
+        with deadline():  # the FIFO is never opened (reading it would block)
+            code = main_ls([])
+    finally:
+        for path in paths.values():
+            path.unlink()
+    out = capsys.readouterr().out
+    assert code == 0 and "my_experiment" in out, out
+    for kind in paths:
+        assert f"! broken: {BROKEN[kind]}" in out.split(f"half_{kind} ", 1)[1], (kind, out)
 
 
 # ------------------------------------------------------------------------------ placement

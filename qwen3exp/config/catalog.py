@@ -3,7 +3,8 @@
 - `ls [-cd DIR ...]`: every experiment, the packaged ones (qwen3exp/conf/experiment) and yours
   (DIR/experiment; without -cd, ./conf/experiment when it exists), each with the first line of the
   comment at the top of its file. Only file names and comments are read: no Hydra composition, no
-  torch, so it answers at once.
+  torch, so it answers at once. A file of yours that a launch would refuse (`config.file_limits`: a
+  YAML error, a link that loops, a FIFO, over 1 MiB) is listed as broken, with why.
 - `cp NAME [NEW] [-cd DIR]`: the packaged experiment NAME copied to conf/experiment/NEW.yaml (with -cd:
   DIR/experiment/NEW.yaml), its `name:` line set to NEW and every comment kept; then the command that
   plans it. NEW defaults to my_NAME, not NAME: a file of yours with a packaged experiment's name
@@ -23,6 +24,7 @@ import sys
 from pathlib import Path
 
 from qwen3exp.config.argv import CONF_DIR
+from qwen3exp.config.file_limits import file_problem
 from qwen3exp.errors import EXIT_CONFIG_ERROR, nearby_path, printable
 
 PACKAGED = CONF_DIR / "experiment"
@@ -115,6 +117,10 @@ def ls(argv: list[str]) -> str:
             if _is_packaged(path.parent):
                 continue
             note = None
+            if (broken := file_problem(path)) is not None:  # a FIFO is never opened (it would block)
+                note = f"broken: {broken.message}; a launch with experiment={name} is refused"
+                rows.append((name, "yours (!)", "", note))
+                continue
             if name in packaged:
                 note = (
                     f"{path} has a packaged experiment's name: Hydra reads the packaged one, and a launch "

@@ -3,16 +3,17 @@ user's, every mistake turned into a `Problem` that names the key, the value and 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from hydra.errors import HydraException
+from hydra.errors import HydraException, MissingConfigException
 from omegaconf.errors import OmegaConfBaseException
 
-from qwen3exp.config import sources
+from qwen3exp.config import file_limits, sources
 from qwen3exp.config.argv import CONF_DIR, CONFIG_NAME, GROUPS, is_group_override, parse_overrides
 from qwen3exp.config.compose import experiment_data
 from qwen3exp.config.jobs import COMPOSED
@@ -35,7 +36,10 @@ class Composer:
         self._options: dict[tuple[str, tuple[str, ...]], list[str]] = {}
         self._init: Any = None
         self._checked: set[Path] = {CONF_DIR}
-        """Config folders whose files passed `sources.file_problems` (the packaged one needs no check)."""
+        """Config folders already looked at (`file_limits.folder_problems`; the packaged one needs none)."""
+        self.broken: list[Problem] = []
+        """The files of the config folders that break a limit: each refuses a composition that reads
+        it (`file_limits.ReadGuard`); the others are named in a warning (`warnings`)."""
         self._searches: dict[tuple[str, ...], sources.SearchPath] = {}
 
     def __enter__(self) -> Composer:
@@ -43,6 +47,7 @@ class Composer:
         GlobalHydra.instance().clear()
         self._init = initialize_config_dir(config_dir=str(self.config_dir), version_base="1.3", job_name="qwen3exp")
         self._init.__enter__()
+        file_limits.guard(self.loader, CONF_DIR)  # every file Hydra reads is checked first
         return self
 
     def __exit__(self, *exc) -> None:
@@ -64,18 +69,28 @@ class Composer:
         return self._options[key]
 
     def search_path(self, parsed: list) -> sources.SearchPath:
-        """The config sources of a composition with these overrides, every YAML file of their
-        folders checked against `sources` limits before Hydra parses any (raises ConfigError)."""
+        """The config sources of a composition with these overrides, their folders looked at
+        (`file_limits.folder_problems`: raises ConfigError for a folder that holds no config groups;
+        a broken file is kept in `broken`, and refuses only a composition that reads it)."""
         key = tuple(o.input_line for o in parsed if o.key_or_group == sources.SEARCHPATH_KEY)
         if key not in self._searches:
-            # The primary folder first: finding the search path may read the primary config.
-            problems = sources.file_problems([self.config_dir], self._checked)
-            search = sources.SearchPath(self.loader, self.config_name, parsed) if not problems else None
-            problems += sources.file_problems(search.folders(), self._checked) if search is not None else []
-            if problems or search is None:
-                raise ConfigError(problems)
+            # The primary folder first: finding the search path reads the primary config (checked).
+            errors, broken = file_limits.folder_problems([self.config_dir], self._checked)
+            self.broken += broken
+            if errors:
+                raise ConfigError(errors)
+            search = sources.SearchPath(self.loader, self.config_name, parsed)
+            errors, broken = file_limits.folder_problems(search.folders(), self._checked)
+            self.broken += broken
+            if errors:
+                raise ConfigError(errors)
             self._searches[key] = search
         return self._searches[key]
+
+    def warnings(self) -> list[str]:
+        """One line for each broken file of the config folders (after a composition that did not
+        read them: one that reads a broken file is refused)."""
+        return [file_limits.warning_line(p) for p in self.broken]
 
     def compose(self, overrides: list[str], *, context: str | None = None):
         """The composed config (the hydra node included); raises ConfigError naming every mistake."""
@@ -93,13 +108,19 @@ class Composer:
         problems = self.group_problems(parsed, tuple(overrides))
         if problems:
             raise ConfigError([*problems, *self._other_problems(parsed, problems)], context=context)
-        if problems := sources.headless_problems(search, _experiment_choices(search, parsed)):
+        try:  # reads the experiment files (each checked first: file_limits.ReadGuard)
+            problems = sources.headless_problems(search, _experiment_choices(search, parsed))
+        except ConfigError as e:
+            problems = e.problems
+        if problems:
             raise ConfigError(problems, context=context)
         try:
             COMPOSED["command line"] += 1
             return compose(config_name=self.config_name, overrides=overrides, return_hydra_config=True)
+        except ConfigError as e:  # a file that breaks a limit (file_limits.ReadGuard)
+            raise ConfigError(e.problems, context=context) from None
         except yaml.YAMLError as e:
-            raise ConfigError([sources.yaml_problem(e)], context=context) from None
+            raise ConfigError([file_limits.yaml_problem(e)], context=context) from None
         except OmegaConfBaseException as e:
             raise ConfigError([omegaconf_problem(e)], context=context) from None
         except (HydraException, ValueError, TypeError) as e:
@@ -122,7 +143,8 @@ class Composer:
             for v in values or []:
                 if v not in options and v != "null":
                     problems.append(
-                        Problem(
+                        self._unreadable(group, v)
+                        or Problem(
                             group,
                             v,
                             f"no option {v!r} in config group {group!r}",
@@ -132,6 +154,12 @@ class Composer:
                         )
                     )
         return problems
+
+    def _unreadable(self, group: str, option: str) -> Problem | None:
+        """The broken file of an option Hydra does not list (a link that loops, a FIFO)."""
+        name = f"{group}/{option}"
+        found = next((p for p in self.broken if str(p.value).endswith((f"/{name}.yaml", f"/{name}.yml"))), None)
+        return replace(found, key=group, value=option, message=f"{found.value} {found.message}") if found else None
 
     def _other_problems(self, parsed: list, group_problems: list[Problem]) -> list[Problem]:
         """The mistakes besides an unknown group option: compose without that group's overrides and
@@ -145,7 +173,13 @@ class Composer:
         return [*problems, *(p for p in check_experiment(data).problems if p.key.split(".")[0] not in bad)]
 
     def _diagnose(self, e: Exception, parsed: list) -> list[Problem]:
-        """Name the overrides that failed: compose without the value overrides and look them up."""
+        """Name the overrides that failed: compose without the value overrides and look them up (a
+        primary config that does not exist: --config-name)."""
+        if isinstance(e, MissingConfigException) and e.missing_cfg_file == self.config_name:
+            names = sorted(p.stem for p in self.config_dir.glob("*.yaml"))
+            where = f"no {self.config_name}.yaml in the primary config folder {self.config_dir}"
+            allowed = f"a config of that folder: {one_of(names)}" if names else "a .yaml file in that folder"
+            return [Problem("--config-name", self.config_name, where, allowed, did_you_mean(self.config_name, names))]
         groups = [o for o in parsed if is_group_override(o) or o.is_hydra_override()]
         values = [o for o in parsed if o not in groups]
         try:
@@ -175,7 +209,7 @@ def composition_problems(e: Exception, overrides: list[str], base) -> list[Probl
     """A composition error of Hydra's (a job of a sweep) as Problems naming the override."""
     cause = e.__cause__ if isinstance(e.__cause__, (yaml.YAMLError, OmegaConfBaseException)) else e
     if isinstance(cause, yaml.YAMLError):
-        return [sources.yaml_problem(cause)]
+        return [file_limits.yaml_problem(cause)]
     if isinstance(cause, OmegaConfBaseException) and not str(cause).startswith("Could not override"):
         return [omegaconf_problem(cause)]
     try:

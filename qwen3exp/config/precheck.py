@@ -80,10 +80,23 @@ def sweeper_params(cfg) -> list[str]:
 
 
 def check_files(inv: Invocation) -> None:
-    """The config files' limits (`sources.file_problems`) for a command that runs Hydra without
-    `precheck` (--cfg, --info, --hydra-help); raises ConfigError."""
+    """For a command that runs Hydra without `precheck` (--cfg, --info, --hydra-help): the
+    composition it shows (a sweep: at its first values), composed first, so that each file it reads
+    is within the limits (`file_limits`) and each option it names exists; raises ConfigError."""
     with Composer(inv.config_dir, inv.config_name) as c:
         c.search_path(parse_overrides(inv.overrides))
+        parsed = parse_overrides(inv.overrides, config_loader=c.loader)
+        if problems := c.group_problems(parsed, tuple(inv.overrides)):
+            raise ConfigError(problems)
+        fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+        c.compose(fixed + [_with_value(o, v) for o in parsed if o.is_sweep_override() and (v := sweeps.first_value(o))])
+        _warn(c)
+
+
+def _warn(c: Composer) -> None:
+    """A broken file of the config folders that this composition did not read: one line each."""
+    for line in c.warnings():
+        print(line, file=sys.stderr)
 
 
 def precheck(inv: Invocation) -> Master:
@@ -119,6 +132,7 @@ def precheck(inv: Invocation) -> Master:
             raise ConfigError(problems)
         checked = _experiment_problems(cfg, multirun)
         output_dir = _output_dir(cfg, multirun)
+        _warn(c)
     return Master(cfg, multirun, output_dir, [o.input_line for o in swept], sweeper, extra, checked)
 
 
