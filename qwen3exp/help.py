@@ -59,7 +59,10 @@ def render(inv: Invocation) -> str:
     for key, value in rundir.flatten(data).items():
         fld = field_of(Experiment, key, data)
         kind = type_name(fld.annotation) + _bounds(fld) if fld is not None else "?"
-        doc = describe(Experiment, key) or ""
+        # The chosen option's own docstring (data=chat: ChatData's data.path), else any variant's.
+        doc = (" ".join(fld.description.split()) if fld is not None and fld.description else None) or (
+            describe(Experiment, key) or ""
+        )
         shown = "null" if value is None else str(value)
         lines.append(f"  {key} ({kind}) = {shown if len(shown) <= 60 else shown[:57] + '...'}")
         if doc:

@@ -41,6 +41,8 @@ class Case:
     also: tuple[str, ...] = ()
     """More text the message must hold: the source file, 'did you mean ...', other keys."""
     multirun: bool = False
+    absent: tuple[str, ...] = ()
+    """Text the message must not hold (the rest of the command line as the value of one key)."""
 
 
 CASES = [
@@ -222,6 +224,53 @@ CASES = [
         "training.steps",
         "a number > 0",
         ("from: experiment file conf/experiment/bad.yaml",),
+    ),
+    # an experiment that would run a command if PyYAML constructed its tag: the file is named, the
+    # command never runs (test_a_python_tag_in_an_experiment_never_runs)
+    Case(
+        "experiment_python_tag",
+        ("--config-path", "{tmp}/conf", "experiment=evil"),
+        "(config file)",
+        "no !!python/... tags",
+        ("conf/experiment/evil.yaml': holds the YAML tag !!python/object/apply:os.system at line 3",),
+    ),
+    # a value Hydra cannot parse is named by its key and its own token, not the whole command line
+    Case(
+        "value_shell_substitution",
+        ("name=$(touch${IFS}pwned)",),
+        "name",
+        "in quotes: key='...'",
+        ("name = '$(touch${IFS}pwned)': cannot parse",),
+        absent=("hydra.run.dir",),
+    ),
+    Case(
+        "value_of_5000_digits",
+        ("training.steps=" + "9" * 5000,),
+        "training.steps",
+        "an integer of at most 4,300 digits",
+        ("cannot parse (a value of 5,000 characters): an integer of 5,000 digits", "99...99"),
+        absent=("hydra.run.dir", "9" * 100),
+    ),
+    # the flags that name config folders and files are blamed for what they name
+    Case(
+        "config_path_missing",
+        ("--config-path", "{tmp}/no_such_conf", "dry_run=true"),
+        "--config-path",
+        "a folder of config groups",
+        ("no_such_conf': folder does not exist",),
+        absent=("dry_run =",),
+    ),
+    Case(
+        "config_name_missing",
+        ("--config-name", "confg", "dry_run=true"),
+        "--config-name",
+        "a config of that folder: config",
+        ("did you mean config?",),
+        absent=("dry_run =",),
+    ),
+    # Hydra's own answers compose first: an unknown option is refused like a launch's
+    Case(
+        "info_unknown_option", ("--info", "defaults", "model=natve"), "model", "hf, native", ("did you mean native?",)
     ),
     # several independent mistakes are reported together (an unknown flavor does not hide a bad tp)
     Case(
@@ -495,6 +544,9 @@ def assets(tmp_path_factory) -> Path:
     )
     # an experiment file without its package header: Hydra nests its keys under `experiment.`
     (tmp / "conf" / "experiment" / "headless.yaml").write_text("name: headless\ntraining:\n  steps: 5\n")
+    (tmp / "conf" / "experiment" / "evil.yaml").write_text(
+        f"# @package _global_\nname: evil\nx: !!python/object/apply:os.system ['touch {tmp}/pwned']\n"
+    )
     _data_files(tmp / "data")
     _model_folders(tmp)
     return tmp
@@ -646,6 +698,13 @@ def results(assets, tmp_path_factory) -> dict[str, tuple]:
     return table
 
 
+@pytest.mark.slow  # quick tier: a table of ~95 commands
+def test_a_python_tag_in_an_experiment_never_runs(assets, results):
+    """experiment_python_tag's file would `touch pwned` if anything constructed its tag."""
+    assert results["experiment_python_tag"][0] == 2
+    assert not (assets / "pwned").exists()
+
+
 def test_table_is_large_enough():
     assert len(CASES) >= 30
     assert len({c.id for c in CASES}) == len(CASES)
@@ -662,6 +721,8 @@ def _check(case: Case, code, stdout: str, stderr: str, out: Path) -> None:
     assert any(case.allowed in line for line in allowed), stderr
     for more in case.also:
         assert more in stderr, stderr
+    for less in case.absent:
+        assert less not in stderr, stderr
     # No worker started, nothing that looks like a run: the directories were never created.
     assert "rank(s) on" not in stdout
     assert not (out / "run").exists() and not (out / "sweep").exists(), list(out.rglob("*"))

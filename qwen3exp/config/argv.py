@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,7 +123,7 @@ def parse_argv(argv: list[str], commands: Sequence[str] = ()) -> Invocation:
     `--dry-run`, ...) with the command that was meant (exit 2 before anything starts)."""
     inv = Invocation()
     problems: list[Problem] = []
-    config_dirs: list[str] = []
+    config_dirs: list[tuple[str, str]] = []
     args = _Args(argv, problems)
     while (arg := args.next()) is not None:
         flag = arg.split("=", 1)[0] if arg.startswith("-") else arg
@@ -132,7 +133,7 @@ def parse_argv(argv: list[str], commands: Sequence[str] = ()) -> Invocation:
             inv.overrides.append("verbose=true")  # the experiment key: every line the ranks print
         elif flag in _VALUE_FLAGS:
             if (v := args.value(flag)) is not None:
-                _set(inv, config_dirs, _VALUE_FLAGS[flag], v)
+                _set(inv, config_dirs, flag, v)
         elif flag in _REFUSED:
             problems.append(Problem("(command line)", arg, "is not run by qwen3exp", _REFUSED[flag]))
             args.value(flag)
@@ -163,7 +164,7 @@ def parse_argv(argv: list[str], commands: Sequence[str] = ()) -> Invocation:
     dirs = _config_dirs(config_dirs, problems)
     if problems:
         raise ConfigError(problems)
-    if config_dirs:
+    if dirs:
         inv.overrides = _with_search_path(inv.overrides, dirs)
     if not any(o.lstrip("+~").split("=", 1)[0] == "hydra/launcher" for o in inv.overrides):
         # Jobs always run through qwen3exp's launcher, whatever the primary config (yours with
@@ -172,13 +173,15 @@ def parse_argv(argv: list[str], commands: Sequence[str] = ()) -> Invocation:
     return inv
 
 
-def _set(inv: Invocation, config_dirs: list[str], what: str, value: str) -> None:
+def _set(inv: Invocation, config_dirs: list[tuple[str, str]], flag: str, value: str) -> None:
+    what = _VALUE_FLAGS[flag]
     if what == "config_dir":
-        inv.config_dir = Path(value).resolve()
+        inv.config_dir = Path(value).expanduser().resolve()
+        config_dirs.append((flag, value))  # checked as a folder with the --config-dir ones
     elif what == "config_name":
         inv.config_name = value
     else:
-        config_dirs.append(value)
+        config_dirs.append((flag, value))
 
 
 def _info_flag(args: _Args, arg: str, flag: str) -> list[str]:
@@ -191,20 +194,20 @@ def _info_flag(args: _Args, arg: str, flag: str) -> list[str]:
     return [arg]
 
 
-def _config_dirs(config_dirs: list[str], problems: list[Problem]) -> list[Path]:
-    """The `--config-dir` folders, each one that is not a folder a Problem."""
+def _config_dirs(config_dirs: list[tuple[str, str]], problems: list[Problem]) -> list[Path]:
+    """The `--config-dir` folders (for the search path), each folder of a flag (`--config-path`
+    too) that is not a folder a Problem naming the flag as typed."""
     dirs = []
-    for d in config_dirs:
+    for flag, d in config_dirs:
         path = Path(d).expanduser().resolve()
+        primary = _VALUE_FLAGS[flag] == "config_dir"
         if path.is_dir():
-            dirs.append(path)
+            dirs += [] if primary else [path]
             continue
         why = "folder does not exist" if not path.exists() else "is not a folder"
-        problems.append(
-            Problem(
-                "--config-dir", d, why, "a folder of config groups (model/, data/, experiment/, ...)", nearby_path(path)
-            )
-        )
+        allowed = "a folder of config groups (model/, data/, experiment/, ...)"
+        allowed += f" holding the primary config ({CONFIG_NAME}.yaml, or --config-name)" if primary else ""
+        problems.append(Problem(flag, d, why, allowed, None if path.exists() else nearby_path(path)))
     return dirs
 
 
@@ -238,20 +241,11 @@ def quote_value(value: str) -> str:
 
 def parse_overrides(overrides: list[str], config_loader=None) -> list:
     """Hydra's parse of the overrides; a mistake is a Problem (exit 2)."""
+    parser = OverridesParser.create(config_loader=config_loader)
     try:
-        parsed = OverridesParser.create(config_loader=config_loader).parse_overrides(overrides)
+        parsed = parser.parse_overrides(overrides)
     except (OverrideParseException, ValueError) as e:  # ValueError: an integer of over 4300 digits
-        first = str(e).strip().splitlines()
-        raise ConfigError(
-            [
-                Problem(
-                    "(command line)",
-                    credentials.mask_urls(" ".join(overrides)),
-                    "cannot parse: " + credentials.mask_urls("; ".join(first[:2])),
-                    "key=value, group=option, +key=value, ~key",
-                )
-            ]
-        ) from None
+        raise ConfigError(_unparsable(parser, overrides) or [_parse_problem(" ".join(overrides), e)]) from None
     empty = [str(o.input_line) for o in parsed if not o.key_or_group]
     if empty:
         raise ConfigError(
@@ -265,6 +259,48 @@ def parse_overrides(overrides: list[str], config_loader=None) -> list:
             ]
         )
     return parsed
+
+
+def _unparsable(parser: OverridesParser, overrides: list[str]) -> list[Problem]:
+    """Each override Hydra cannot parse, named by its own key and value (not the whole command line)."""
+    problems = []
+    for o in overrides:
+        try:
+            parser.parse_overrides([o])
+        except (OverrideParseException, ValueError) as e:
+            problems.append(_parse_problem(o, e))
+    return problems
+
+
+MAX_SHOWN = 80
+"""A value Hydra cannot parse is shown up to this long; a longer one by its ends and its length."""
+
+
+def _parse_problem(override: str, e: Exception) -> Problem:
+    key, eq, value = override.partition("=")
+    token = value if eq and key else override
+    lines = [x for x in str(e).strip().splitlines() if not x.startswith(("Error parsing override", "See https://"))]
+    first = lines[0] if lines else type(e).__name__
+    allowed = (
+        "key=value, group=option, +key=value, ~key; a value holding ( ) [ ] { } , = $ or spaces in quotes: key='...'"
+    )
+    if (limit := re.search(r"Exceeds the limit \((\d+) digits\)", first)) is not None:
+        most = int(limit.group(1))
+        first = f"an integer of {len(token.strip().lstrip('+-')):,} digits; Python reads integers of at most {most:,}"
+        allowed = f"an integer of at most {most:,} digits (the value the key takes)"
+    length = f" (a value of {len(token):,} characters)" if len(token) > MAX_SHOWN else ""
+    return Problem(
+        key.lstrip("+~") if eq and key else "(command line)",
+        credentials.mask_urls(_shortened(token)),
+        f"cannot parse{length}: " + credentials.mask_urls(first),
+        allowed,
+        source="command line" + (f" {credentials.mask_urls(_shortened(override))}" if length else ""),
+    )
+
+
+def _shortened(text: str) -> str:
+    """`text` up to MAX_SHOWN characters; a longer one as its first and last characters."""
+    return text if len(text) <= MAX_SHOWN else f"{text[:40]}...{text[-20:]}"
 
 
 def is_group_override(ov) -> bool:
