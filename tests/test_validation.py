@@ -69,3 +69,37 @@ def test_validation_off_and_a_missing_path_are_checked_before_launch(tmp_path):
     assert r.returncode == 2 and "validation.path" in r.stderr and "does not exist" in r.stderr
     ok = run_cli("validation.enable=false", "dry_run=true")
     assert ok.returncode == 0 and "validation: off" in ok.stdout and "objective:  last_loss" in ok.stdout
+
+
+@pytest.mark.parametrize(
+    "fraction, why, allowed",
+    [
+        # The bundled corpus (729 documents) was not checked: the ranks started and failed (exit 1).
+        (
+            "0.9995",
+            "holds out 729 of the 729 document(s) of the bundled corpus, which leaves 0 to train on",
+            "at most 0.9986",
+        ),
+        # One document per side is not enough for 2 data-parallel ranks: a rank read none and failed.
+        (
+            "0.9986",
+            "which leaves 1 to train on for 2 data-parallel ranks",
+            "0.0028 to 0.9972 for 729 documents and 2 ranks",
+        ),
+        (
+            "0.001",
+            "holds out 1 of the 729 document(s) of the bundled corpus for 2 data-parallel ranks",
+            "0.0028 to 0.9972",
+        ),
+    ],
+)
+def test_a_split_that_leaves_a_rank_no_documents_is_refused_before_launch(tmp_path, fraction, why, allowed):
+    from conftest import run_cli
+
+    run_dir = tmp_path / "run"
+    r = run_cli(f"validation.fraction={fraction}", "training.steps=2", f"hydra.run.dir={run_dir}")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert f"validation.fraction = {fraction}: " in r.stderr and why in r.stderr and allowed in r.stderr
+    assert not (run_dir / "logs").exists()
+    if fraction == "0.001":  # the smallest fraction named works
+        assert run_cli("validation.fraction=0.0028", "dry_run=true").returncode == 0

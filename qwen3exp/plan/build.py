@@ -150,6 +150,7 @@ def make_plan(
     mem, fit = memory_fit(exp, arch, mesh, facts, total, warnings)
     problems = fit + _peft_problems(exp, arch.is_moe)
     problems += chat_packing.rank_problems(exp, mesh.dp_replicate * mesh.dp_shard, files.folder)
+    problems += data_files.split_problems(exp.data, exp.validation, mesh.dp_replicate * mesh.dp_shard)
     verdict = checkpoint_verdict(exp, files, Path(run_dir))
     problems += _verdict_problems(exp, verdict)
     if problems:

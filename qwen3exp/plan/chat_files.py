@@ -21,7 +21,7 @@ from pathlib import Path
 from qwen3exp.config.sections.data import ChatData
 from qwen3exp.errors import Problem, nearby_path
 from qwen3exp.plan.chat_render import BadRecord, chat_files, fit, load_tokenizer, messages_of, records, render
-from qwen3exp.plan.data_files import COUNT_BYTES, held_out
+from qwen3exp.plan.data_files import COUNT_BYTES, fraction_problems
 
 MAX_CHECKED = 2000
 """Conversations rendered before launch (the first ones, in the loader's order)."""
@@ -78,7 +78,9 @@ def chat_problems(data, validation, tokenizer_folder: Path | None, seq_len: int 
         val = data.model_copy(update={"path": validation.path})
         problems += _record_problems("validation.path", val, (tok, tokenizer_folder), None)
     elif validation is not None and validation.held_out is not None and not problems:
-        problems += _split_problems(data.location, validation.fraction)
+        problems += _split_problems(
+            data.location, validation.fraction, "data.path" if data.path else "the bundled chat data"
+        )
     return problems
 
 
@@ -142,24 +144,9 @@ def conversation_count(path: str | Path) -> int | None:
     return sum(1 for _ in records(path))
 
 
-def _split_problems(path: str, fraction: float) -> list[Problem]:
+def _split_problems(path: str, fraction: float, of: str) -> list[Problem]:
     n = conversation_count(path)
-    if n is None:
-        return []
-    try:
-        held_out(n, fraction)
-    except ValueError:
-        return [
-            Problem(
-                "validation.fraction",
-                fraction,
-                f"holds out {max(1, round(n * fraction))} of the {n} conversation(s) of data.path, which leaves "
-                "a side empty",
-                f"a fraction that keeps at least one conversation on each side of {n}",
-                "give validation.path, use more conversations, or validation.enable=false",
-            )
-        ]
-    return []
+    return [] if n is None else fraction_problems(n, fraction, "conversation", of)
 
 
 def stats(data, tokenizer_folder: str | Path, seq_len: int) -> ChatStats:

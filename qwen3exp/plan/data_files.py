@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 from pathlib import Path
 
+from qwen3exp.assets import CORPUS_DIR
 from qwen3exp.errors import Problem, nearby_path
 from qwen3exp.plan.data_records import check_json, check_text
 from qwen3exp.units import MIB
@@ -86,29 +88,46 @@ def document_count(path: str | Path) -> int | None:
     return sum(len([line for line in t.splitlines() if line.strip()]) for t in texts)
 
 
-def split_problems(data, validation) -> list[Problem]:
-    """A held-out split (validation.fraction of data.path) that leaves a side empty: the ranks would
-    raise it while building their data loaders."""
-    if data.source != "local" or validation is None or not validation.enable or validation.path is not None:
+def split_problems(data, validation, ranks: int = 1) -> list[Problem]:
+    """A held-out split (validation.fraction of data.path, or of the bundled corpus) that leaves a
+    side fewer documents than the `ranks` data-parallel ranks (before the mesh is known: 1, a side
+    empty), or data.path fewer documents than ranks: a rank would read none and fail mid-run."""
+    if data.source not in ("local", "bundled"):
         return []
-    n = document_count(data.path)
+    path, of = (data.path, "data.path") if data.source == "local" else (CORPUS_DIR, "the bundled corpus")
+    n = document_count(path)
     if n is None:
         return []
-    try:
-        held_out(n, validation.fraction)
-    except ValueError:
-        k = max(1, round(n * validation.fraction))
-        side = "train on" if n >= 1 else "validate on"
-        return [
-            Problem(
-                "validation.fraction",
-                validation.fraction,
-                f"holds out {k} of the {n} document(s) of data.path, which leaves nothing to {side}",
-                f"a fraction that keeps at least one document on each side of {n}",
-                "give validation.path (a data set of its own), use more documents, or validation.enable=false",
-            )
-        ]
-    return []
+    if validation is not None and validation.held_out is not None:
+        return fraction_problems(n, validation.fraction, "document", of, ranks)
+    if n >= ranks:
+        return []
+    why = f"holds {n} document(s) for {ranks} data-parallel ranks: a rank would read none"
+    return [Problem("data.path", str(path), why, f"at least {ranks} documents (one per rank)", "fewer ranks")]
+
+
+def fraction_problems(n: int, fraction: float, unit: str, of: str, ranks: int = 1) -> list[Problem]:
+    """validation.fraction of `n` records (`unit`s of `of`) as a problem when it leaves a side fewer
+    records than `ranks` (each data-parallel rank reads its own), naming what is left and the
+    fractions that work (`held_out`: round(n x fraction) held out, at least one)."""
+    k = max(1, round(n * fraction))
+    if n >= 2 and min(k, n - k) >= ranks:
+        return []
+    lo, hi = math.ceil(ranks / n * 10_000) / 10_000, math.floor((n - ranks) / n * 10_000) / 10_000
+    per = f" for {ranks} data-parallel ranks (each reads its own)" if ranks > 1 else ""
+    if n - k < ranks:
+        why = f"holds out {k} of the {n} {unit}(s) of {of}, which leaves {max(0, n - k)} to train on{per}"
+    else:
+        why = f"holds out {k} of the {n} {unit}(s) of {of}{per}: a rank would validate on none"
+    both = f"at least {ranks} {unit}s on each side" if ranks > 1 else "one held out at the least, one left to train on"
+    if n < 2 * ranks or lo > hi:
+        allowed = f"none for {n} {unit}(s): {both} needs {2 * ranks}"
+    elif ranks == 1:
+        allowed = f"at most {hi} for {n} {unit}s ({both})"
+    else:
+        allowed = f"{lo} to {hi} for {n} {unit}s and {ranks} ranks ({both})"
+    fix = f"give validation.path (a data set of its own), use more {unit}s, or validation.enable=false"
+    return [Problem("validation.fraction", fraction, why, allowed, fix)]
 
 
 def data_problems(data, validation=None) -> list[Problem]:
@@ -117,8 +136,8 @@ def data_problems(data, validation=None) -> list[Problem]:
     problems = []
     if data.source == "local":
         problems += path_problems("data.path", data.path, data.text_field)
-        if not problems:
-            problems += split_problems(data, validation)
+    if not problems:
+        problems += split_problems(data, validation)
     if validation is not None and validation.enable and validation.path is not None:
         field = data.text_field if data.source == "local" else "text"
         problems += path_problems("validation.path", validation.path, field)

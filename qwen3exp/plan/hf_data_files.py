@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwen3exp.errors import Problem, did_you_mean
-from qwen3exp.plan.data_files import COUNT_BYTES, held_out
+from qwen3exp.plan.data_files import COUNT_BYTES, fraction_problems
 from qwen3exp.plan.data_records import READ_BYTES, check_json
 from qwen3exp.plan.hf_data_source import HFSource, resolve
 
@@ -215,24 +215,23 @@ def _split_problems(src: HFSource, data, heads: list[Head], validation) -> list[
     if fraction is None or len(src.files) > MAX_FILES or any(h.rows is None for h in heads):
         return []
     n = sum(h.rows or 0 for h in heads)
-    k = sum(is_held_out(i, fraction) for i in range(n)) if data.streaming else None
-    try:
-        if k is None:
-            held_out(n, fraction)
-        elif not 0 < k < n:
-            raise ValueError
-    except ValueError:
-        return [
-            Problem(
-                "validation.fraction",
-                fraction,
-                f"holds out {k if k is not None else max(1, round(n * fraction))} of the {n} row(s) of {src.value}, "
-                "which leaves a side empty",
-                f"a fraction that keeps at least one row on each side of {n}",
-                "give validation.path, use more rows, or validation.enable=false",
-            )
-        ]
-    return []
+    if not data.streaming:
+        return fraction_problems(n, fraction, "row", src.value)
+    k = sum(is_held_out(i, fraction) for i in range(n))
+    if 0 < k < n:
+        return []
+    return [
+        Problem(
+            "validation.fraction",
+            fraction,
+            f"holds out {k} of the {n} row(s) of {src.value} (streamed: each row by its hash), which leaves "
+            f"{n - k} to train on"
+            if k
+            else f"holds out none of the {n} row(s) of {src.value} (streamed: each row by its hash)",
+            f"a fraction that keeps at least one row on each side of {n}",
+            "give validation.path, use more rows, or validation.enable=false",
+        )
+    ]
 
 
 def plan_lines(exp) -> list[str]:
