@@ -58,6 +58,23 @@ def test_rotary_inv_freq_workaround(ckpt):
     assert not torch.allclose(upstream.inv_freq, expected)
 
 
+def test_upstream_init_weights_patch_is_still_process_wide(ckpt):
+    """Why every transformers reference of the suite is computed in a fresh process (the UPSTREAM BUG
+    marked in tests/hf_fixtures.py, `in_fresh_process`): once the backend has built a model,
+    transformers' `PreTrainedModel._init_weights` is torchtitan's in the whole process, and
+    `from_pretrained` there leaves the rotary buffers wrong. When this fails, upstream is fixed and
+    the references could be computed in-process."""
+    from transformers import AutoModelForCausalLM, PreTrainedModel
+
+    from qwen3exp.titan.hf_model import HFQwen3Model
+
+    _build(HFQwen3Model, ckpt)
+    assert PreTrainedModel._init_weights.__qualname__.endswith("_init_weights_patched")
+    reference = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
+    expected = 1.0 / (THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float) / HEAD_DIM))
+    assert not torch.allclose(reference.model.rotary_emb.inv_freq, expected)
+
+
 def test_sdpa_document_mask_matches_transformers_per_document(ckpt):
     """The SDPA model with loaded weights, two packed documents per row: logits equal those of
     transformers run on each document alone."""

@@ -108,7 +108,9 @@ def test_hf_adapter_forces_trust_remote_code_false(tmp_path, modules_cache, monk
     from torchtitan.experiments.transformers_modeling_backend import model as backend
     from transformers import AutoConfig
 
-    assert backend.AutoConfig is AutoConfig, "local_code_only must restore the backend's AutoConfig"
+    # Narrow: AutoConfig is never replaced, and the denylist is the backend's own again afterwards.
+    assert backend.AutoConfig is AutoConfig
+    assert backend._REMOTE_CONFIG_DENYLIST == frozenset({"deepseek_v2", "deepseek_v3"})
 
 
 def test_upstream_backend_still_runs_model_folder_code(tmp_path, modules_cache):

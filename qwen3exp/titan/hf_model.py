@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torchtitan.experiments.transformers_modeling_backend import TitanModelConfig, model as _backend
@@ -55,34 +54,29 @@ def refuse_remote_code(hf_model: str) -> None:
 
 
 @contextmanager
-def local_code_only() -> Iterator[None]:
-    """While active, every `AutoConfig.from_pretrained` made by torchtitan's Transformers backend
-    runs with `trust_remote_code=False`, whatever the backend passes.
+def local_code_only(hf_model: str) -> Iterator[None]:
+    """While active, the backend's `AutoConfig.from_pretrained` of `hf_model` runs with
+    `trust_remote_code=False`: the model type of its config.json is, for that call, one the backend
+    itself lists as never to be trusted with remote code.
 
     # UPSTREAM BUG: torchtitan 0.3.0 `HFTransformerModel.Config.update_from_config` calls
     # `AutoConfig.from_pretrained(hf_model, trust_remote_code=True)` for every model_type outside a
-    # two-entry denylist, so a config.json with `auto_map: {"AutoConfig": "x.Cls"}` makes
-    # transformers import x.py from the model folder (arbitrary code) in every rank. The decision is
-    # a local variable of that method, with no parameter to turn it off, so the only alternatives
-    # to this are copying the ~120-line method or a sanitised copy of the folder. The backend's
-    # module-level `AutoConfig` name is rebound here, for the duration of the call only, to a
-    # subclass that forces `trust_remote_code=False` (a folder that needs remote code then fails in
-    # transformers with "contains custom code"). `refuse_remote_code` runs first for a clear message.
-    # Test: tests/test_security.py::test_hf_adapter_never_runs_model_folder_code (fails without this).
+    # two-entry denylist (`_REMOTE_CONFIG_DENYLIST`), so a config.json with `auto_map:
+    # {"AutoConfig": "x.Cls"}` makes transformers import x.py from the model folder (arbitrary code)
+    # in every rank. The decision is a local variable of that method with no parameter to turn it
+    # off; the narrowest seam is the denylist it reads: for the duration of the call it also holds
+    # this folder's model_type (read as the method reads it), so exactly that one decision is False
+    # and AutoConfig stays transformers' own. A folder that needs remote code then fails in
+    # transformers with "contains custom code"; `refuse_remote_code` runs first for a clear message.
+    # Test: tests/test_security.py::test_hf_adapter_forces_trust_remote_code_false (fails without this).
     """
-    real: type[Any] = _backend.AutoConfig  # transformers' AutoConfig, as the backend bound it
-
-    class _LocalCodeOnlyAutoConfig(real):
-        @classmethod
-        def from_pretrained(cls, *args, **kwargs):
-            kwargs["trust_remote_code"] = False
-            return real.from_pretrained(*args, **kwargs)
-
-    _backend.AutoConfig = _LocalCodeOnlyAutoConfig
+    config_dict, _ = PretrainedConfig.get_config_dict(hf_model)
+    real = _backend._REMOTE_CONFIG_DENYLIST
+    _backend._REMOTE_CONFIG_DENYLIST = real | {config_dict.get("model_type", "")}
     try:
         yield
     finally:
-        _backend.AutoConfig = real
+        _backend._REMOTE_CONFIG_DENYLIST = real
 
 
 def fix_rotary_inv_freq(model: torch.nn.Module) -> int:
@@ -148,7 +142,7 @@ class HFQwen3Model(HFTransformerModel):
         def update_from_config(self, *, config=None, **kwargs):
             # The backend's only load of the HF config (see `local_code_only`).
             refuse_remote_code(getattr(config, "hf_model", ""))
-            with local_code_only():
+            with local_code_only(getattr(config, "hf_model", "")):
                 return HFTransformerModel.Config.update_from_config(self, config=config, **kwargs)
 
     def init_states(self, *, buffer_device: torch.device | None = None) -> None:
