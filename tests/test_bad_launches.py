@@ -53,7 +53,7 @@ CASES = [
         ("broken.yaml", "YAML syntax error at line", "line 2, column"),
     ),
     Case("override_without_key", ("=5",), "(command line)", ("needs a key before '='",)),
-    Case("override_unparsable", ("training.lr==5",), "(command line)", ("cannot parse",)),
+    Case("override_unparsable", ("training.lr==5",), "training.lr = '=5'", ("cannot parse",)),
     Case("name_too_long", ("name=" + "a" * 300,), "name", ("at most",)),
     Case("name_dotdot", ("name=..",), "name", ("a single folder name",)),
     Case("name_dot", ("name=.",), "name", ("a single folder name",)),
