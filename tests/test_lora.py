@@ -1,25 +1,33 @@
-"""peft=lora (issue 24): LoRA adapters on a frozen base, model=native.
+"""peft=lora (issues 24, 39): LoRA adapters on a frozen base, model=native (and the trained model=hf).
 
 - the plan: trainable parameters = rank x (in + out) per targeted projection and layer, gradients and
-  optimizer state for those only (a full fine-tune's figures unchanged); bad targets and MLP targets
-  on an MoE model exit 2 before any worker (model=hf: tests/test_lora_hf.py);
-- one real 2-rank training of experiment=tiny_lora from a transformers checkpoint (hf_roundtrip,
-  float32 export), all seven targets: the adapter folder's parameter count equals the plan's; the
-  exported base weights are bit-identical to the loaded ones; the loss falls; PEFT loads the
-  adapter on the exported base, and its loss on the held-out batch equals the ranks' last
-  validation loss (the trained model's logits, through the same masked cross-entropy) to 1e-4;
-  `generate` runs on it.
+  optimizer state for those only (a full fine-tune's figures unchanged); any subset of the seven
+  targets validates (k_proj without v_proj included); a target named twice, bad targets and MLP
+  targets on an MoE model exit 2 before any worker (model=hf: tests/test_lora_hf.py);
+- one real 2-rank training per backend of experiment=tiny_lora from a transformers checkpoint
+  (hf_roundtrip, float32 export) with PEFT's Qwen3 default targets [q_proj, v_proj]: the export holds
+  the adapter on its own (exactly the named targets, naming the checkpoint as its base) and the
+  merged weights; the adapter's parameter count equals the plan's, PEFT's and rank x (in + out); the
+  merged export's untargeted weights are bit-identical to the loaded ones; the loss falls; PEFT
+  loads the adapter on the transformers base, and its loss on the held-out batch equals the ranks'
+  last validation loss to 1e-4; PEFT's merge_and_unload() equals the merged export to 1e-4;
+  `generate` and `qwen3exp chat` run (chat alike with and without the merged folder);
+- an adapter-only export's base is found (and checked) from adapter_config.json.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import compose, read_metrics, read_summary, read_validation, run_cli
 from hf_fixtures import lora_references, write_checkpoint
+from qwen3exp import cli
 from qwen3exp.assets import TOKENIZER_DIR
 from qwen3exp.config.schema import validate_experiment
 from qwen3exp.errors import ConfigError
@@ -95,7 +103,7 @@ def test_every_subset_of_the_seven_targets_is_accepted():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["native", "hf"])
-def test_tiny_lora_trains_adapters_only_and_peft_loads_them(tmp_path, backend):
+def test_tiny_lora_trains_adapters_only_and_peft_loads_them(tmp_path, backend, capsys, monkeypatch):
     """Both backends: model=native (torchtitan's converter, k and v split) and model=hf
     (qwen3exp/titan/hf_lora.py), with PEFT's default targets [q_proj, v_proj]."""
     import torch
@@ -164,6 +172,23 @@ def test_tiny_lora_trains_adapters_only_and_peft_loads_them(tmp_path, backend):
     assert not merged["keys_differ"] and merged["max_abs_diff"] < 1e-4, merged
     print(f"{backend}: adapter {ref['adapter_parameters']} parameters, merged vs PEFT {merged['max_abs_diff']:.3g}")
 
+    # `qwen3exp chat` answers alike from the merged export and, without it, from the named base
+    # model with the adapter applied (what a run without checkpoint.merge_lora leaves).
+    answers = [chat_answer(capsys, monkeypatch, run_dir)]
+    shutil.move(export / "merged", tmp_path / "merged")
+    answers.append(chat_answer(capsys, monkeypatch, run_dir))
+    assert answers[0] == answers[1] and answers[0].strip(), answers
+
+
+def chat_answer(capsys, monkeypatch, run_dir: Path) -> str:
+    """`qwen3exp chat RUN --prompt hi` in this process (greedy, 6 new tokens): its answer."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    capsys.readouterr()
+    code = cli.main(["chat", str(run_dir), "--prompt", "hi", "--max-new-tokens", "6"])
+    out, err = capsys.readouterr()
+    assert code == 0, err[-3000:]
+    return out
+
 
 def held_out_batch(export: Path, seq_len: int = 192) -> tuple[list, list]:
     """The validation batch of a 2-rank tiny_lora run (validation.steps=1, local_batch_size 4):
@@ -208,3 +233,51 @@ def test_adapters_compute_base_plus_scaled_lora_with_dropout_in_training_only():
     assert torch.allclose(wq(x), want, atol=1e-4) and torch.equal(wq(x), wq(x))
     wq.train()
     assert not torch.equal(wq(x), wq(x))
+
+    # k_proj alone (torchtitan builds wk and wv from one config; split per projection here): only wk
+    # has an adapter, wv stays a frozen plain projection, the state dict keys are unchanged.
+    only_k = exp.peft.model_copy(update={"targets": ["k_proj"]})
+    model = lora.convert(qwen3_model_config(resolve_arch(exp), attention="sdpa", fuse_qkv=False), only_k).build()
+    trainable = {n.split(".", 2)[2] for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {"attention.qkv_linear.wk.lora_a.weight", "attention.qkv_linear.wk.lora_b.weight"}
+    assert "layers.0.attention.qkv_linear.wv.weight" in model.state_dict()
+
+
+def test_an_adapter_on_its_own_names_its_base_and_is_checked_against_it(tmp_path, monkeypatch):
+    """An adapter-only export (a LoRA run from a named base): chat and eval load the base that
+    adapter_config.json names (a local folder; a Hub id that is not in the local cache is refused
+    with the command that fetches it), and the launcher checks each adapter tensor against the base's
+    weight shapes (safetensors headers only)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from qwen3exp.analysis import chat
+    from qwen3exp.launchers.exports import verify_adapter
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    base = tmp_path / "base"
+    base.mkdir()
+    save_file(
+        {"model.layers.0.self_attn.v_proj.weight": np.zeros((64, 128), np.float32)}, str(base / "model.safetensors")
+    )
+    adapter = tmp_path / "run" / "export" / "step-4" / "adapter"
+    adapter.mkdir(parents=True)
+    key = "base_model.model.model.layers.0.self_attn.v_proj.lora_"
+    tensors = {f"{key}A.weight": np.zeros((8, 128), np.float32), f"{key}B.weight": np.zeros((64, 8), np.float32)}
+    save_file(tensors, str(adapter / "adapter_model.safetensors"))
+    config = {"base_model_name_or_path": str(base), "revision": None}
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+
+    assert chat.export_steps(tmp_path / "run") == [4]
+    weights = chat.find_weights(tmp_path / "run")
+    assert weights.folder == base and weights.adapter == adapter
+    assert verify_adapter(adapter, base) | {"error": None} == {
+        "path": str(adapter), "base": str(base), "ok": True, "error": None, "tensors": 2,
+    }  # fmt: skip
+    save_file({**tensors, f"{key}B.weight": np.zeros((32, 8), np.float32)}, str(adapter / "adapter_model.safetensors"))
+    bad = verify_adapter(adapter, base)
+    assert not bad["ok"] and "does not fit the base's [64, 128]" in bad["error"], bad
+
+    (adapter / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": "Org/Missing-7B"}))
+    with pytest.raises(chat.Refused, match="hf download Org/Missing-7B"):
+        chat.find_weights(tmp_path / "run")

@@ -95,8 +95,7 @@ def named_base(adapter: Path) -> Path:
         raise Refused(f"{adapter / ADAPTER_CONFIG}: base_model_name_or_path {name!r} is not a model reference")
     ref, problems = model_ref.resolve("base_model_name_or_path", name, revision=revision, revision_key="revision")
     if problems or ref.folder is None:
-        p = problems[0] if problems else None
-        why = f"{p.message}; {p.hint}" if p is not None and p.hint else (p.message if p else "does not resolve")
+        why = "; ".join(filter(None, (problems[0].message, problems[0].hint))) if problems else "does not resolve"
         raise Refused(f"{adapter}: the adapter's base model {name!r} is not available here: {why}")
     return ref.folder
 
@@ -170,7 +169,8 @@ def _load_folder(weights: Weights) -> tuple[Any, Any]:
 
 
 def _with_adapter(model, adapter: Path):
-    """The adapter applied through transformers' PEFT integration (which needs peft installed)."""
+    """The adapter applied through transformers' PEFT integration (peft installed). No `local_files_only`:
+    transformers 5's `load_adapter` passes it to `LoadStateDictConfig`, a TypeError; a folder is not fetched."""
     from transformers.utils import is_peft_available  # lazy: seconds to import; chat only
 
     if not is_peft_available():
@@ -178,7 +178,7 @@ def _with_adapter(model, adapter: Path):
             f"{adapter}: a LoRA adapter without merged weights, and peft is not installed; "
             "pip install peft, or rerun with checkpoint.merge_lora=true"
         )
-    model.load_adapter(str(adapter), local_files_only=True)
+    model.load_adapter(str(adapter))
     return model
 
 

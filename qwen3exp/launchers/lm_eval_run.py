@@ -4,8 +4,8 @@ launcher where the run ends, before summary.json is written) and for `qwen3exp e
 (`qwen3exp.launchers.eval_command`).
 
 - What is evaluated: the newest export, as `qwen3exp chat` finds it (`qwen3exp.analysis.chat.
-  find_weights`): a LoRA run's merged weights (checkpoint.merge_lora), else the base export with the
-  adapter applied by lm-eval (HFLM's `peft=`).
+  find_weights`): a LoRA run's merged weights (checkpoint.merge_lora), else the base (the export's
+  copy, or the base model the adapter names) with the adapter applied by lm-eval (HFLM's `peft=`).
 - Tasks: `eval.tasks` from the bundled folder and eval.include_path (`qwen3exp.plan.eval_tasks`,
   which checked them before anything started); lm-eval's own tasks are indexed only when one is
   asked for.

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwen3exp.config.schema import Experiment
+from qwen3exp.plan import lora_base
 from qwen3exp.run import rundir, signing
 
 
@@ -51,7 +52,11 @@ def checkpoint_verdict(exp: Experiment, files, run_dir: Path) -> CheckpointVerdi
     if c.exports:
         every = f" and every {c.every_export} steps" if c.every_export else ""
         merged = " (with the LoRA adapters merged too)" if c.merge_lora else ""
-        parts.append(f"exports the last step{every} ({c.dtype}){merged} to export/step-N and reloads the last")
+        what = "the last step"
+        if (base := lora_base.named_base(exp)) is not None:  # the adapter on its own, naming its base
+            what = f"the LoRA adapter of the last step (base model {base.name_or_path}, not copied)"
+            merged = " (and the merged weights)" if c.merge_lora else ""
+        parts.append(f"exports {what}{every} ({c.dtype}){merged} to export/step-N and reloads the last")
     return CheckpointVerdict(load.compatible, f"{c.summary}: " + "; ".join(parts))
 
 

@@ -53,5 +53,7 @@ def estimate_bytes(exp, total_params: int) -> int:
         need += kept * total_params * _STATE_BYTES_PER_PARAM
     if c.exports:
         exports = 1 + (exp.training.steps // c.every_export if c.every_export else 0)
-        need += exports * total_params * _EXPORT_BYTES[c.dtype] * (2 if c.merge_lora else 1)
+        # A LoRA export of a named Hugging Face base holds the adapter on its own (megabytes), no base copy.
+        copies = (0 if exp.peft.kind == "lora" and c.loads_weights else 1) + (1 if c.merge_lora else 0)
+        need += exports * total_params * _EXPORT_BYTES[c.dtype] * copies
     return need

@@ -103,8 +103,8 @@ def with_adapters(parallelize_fn, peft: Lora):
     """`parallelize_fn` after `add_adapters` (the model is built, on the meta device), then every
     weight but the adapters frozen again (`qwen3exp.titan.lora.keep_base_frozen`: the same
     upstream bug re-enables gradients when the backend distributes its parameters; without it
-    tests/test_lora_hf.py::test_tiny_hf_lora_trains_adapters_only_and_peft_loads_them fails: the
-    exported embedding moved)."""
+    tests/test_lora.py::test_tiny_lora_trains_adapters_only_and_peft_loads_them[hf] fails: the
+    merged export's embedding moved)."""
 
     @functools.wraps(parallelize_fn)
     def parallelize(model, **kwargs):

@@ -95,8 +95,8 @@ def keep_base_frozen(parallelize_fn):
     # True: the LoRA converter's frozen base becomes trainable again when the model is parallelized,
     # and AdamW updates every weight (the exported base weights moved by about lr per step). Frozen
     # here after parallelizing, before the optimizer is built.
-    # Test: tests/test_lora.py::test_tiny_lora_trains_adapters_only_and_peft_loads_them (the exported
-    # base weights are bit-identical to the loaded ones).
+    # Test: tests/test_lora.py::test_tiny_lora_trains_adapters_only_and_peft_loads_them (the merged
+    # export's untargeted weights are bit-identical to the loaded ones).
     """
 
     def parallelize(model, **kwargs):

@@ -66,7 +66,9 @@ class Checkpoint(Strict):
     model.safetensors.index.json, unless the source checkpoint's own index decides the split."""
     merge_lora: bool = False
     """peft=lora with an export: also write the merged weights (W + alpha / rank * B A) as a full
-    Hugging Face folder (`<export>/merged`) that `from_pretrained` loads without PEFT."""
+    Hugging Face folder (`<export>/merged`) that `from_pretrained` loads without PEFT. Without it a
+    LoRA export of a named Hugging Face base holds the adapter only (`<export>/adapter`, naming that
+    base), no copy of the model."""
 
     @model_validator(mode="before")
     @classmethod
