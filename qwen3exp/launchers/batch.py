@@ -12,8 +12,10 @@ Every run is a one-job batch whose job folder is the run directory (`hydra.sweep
 2. a sweep's jobs are matched with what its directory holds (`sweep.plan`: completed earlier ->
    skipped, unfinished -> run again, another experiment -> refused) and recorded in the sweep's
    manifest, which the command line reads back for the end-of-sweep table;
-3. `dry_run=true`: the plans are printed and nothing runs;
-4. each job runs here through Hydra's `run_job` with its plan (`job.run_point`), or is handed over to
+3. local jobs that are to run at once (`sweep.parallel_jobs`) are checked together against this host
+   (`plan.host_share`): fewer that fit run at once, or (sweep.strict_parallel_jobs) the batch is refused;
+4. `dry_run=true`: the plans are printed and nothing runs;
+5. each job runs here through Hydra's `run_job` with its plan (`job.run_point`), or is handed over to
    another Hydra launcher (`handover`: SLURM, a joblib pool) whose job processes run the same plans.
 
 Each job hands its objective (`sweep.objective`, from its summary.json) back to the sweeper as
@@ -46,6 +48,7 @@ from qwen3exp.launchers.protocol import Launcher
 from qwen3exp.launchers.rerun import run_dir_problems
 from qwen3exp.launchers.returns import for_sweeper, job_return, run_one
 from qwen3exp.launchers.state import Terminated, checked, mark_started, refuse, terminated
+from qwen3exp.plan import host_share
 from qwen3exp.plan.memory_fit import DoesNotFit
 from qwen3exp.plan.render import print_plans
 from qwen3exp.run import disk, identity
@@ -73,8 +76,9 @@ def launch(
         return list(skipped.values())
     assert launcher is not None, "a batch with points has a launcher"
     dry = any(p.exp.dry_run for p in points)
+    hosted = checked(_hosted, points, jobs, dry)
     if not single:
-        print(sweep.describe(jobs, sweep_dir), flush=True)
+        print("\n".join([sweep.describe(jobs, sweep_dir), *hosted.lines]), flush=True)
         if not dry:
             sweep.record(sweep_dir, jobs)
     if dry:
@@ -83,14 +87,24 @@ def launch(
             job_return(cfg, {"status": "planned", "run_dir": p.run_dir}) for cfg, p in zip(cfgs, points, strict=True)
         ]
     mark_started(points[0].exp.launcher)
-    if launcher.hands_over or parallel_jobs(points) > 1:
-        returns = handover.hand_over(launcher, config, hydra_context, points, jobs, cfgs)
+    if launcher.hands_over or hosted.at_once > 1:
+        returns = handover.hand_over(launcher, config, hydra_context, points, jobs, cfgs, hosted.at_once)
     else:
         returns = [
             _run_here(hydra_context, cfg, point, job) for cfg, point, job in zip(cfgs, points, jobs, strict=True)
         ]
     ran = iter(for_sweeper(ret, Path(p.run_dir), basic=basic) for ret, p in zip(returns, points, strict=True))
     return [skipped[i] if i in skipped else next(ran) for i in range(len(job_overrides))]
+
+
+def _hosted(points: list[Point], jobs: list, dry: bool) -> host_share.Share:
+    """How many of the batch's jobs that are to run run at once on this host (`plan.host_share`);
+    fewer than sweep.parallel_jobs with sweep.strict_parallel_jobs: refused (a dry run says so)."""
+    todo = [p for p, j in zip(points, jobs, strict=True) if j.state != sweep.DONE]
+    hosted = host_share.share([p.plan for p in todo], parallel_jobs(points))
+    if hosted.problem is not None and not dry:
+        raise ConfigError([hosted.problem])
+    return hosted
 
 
 def refused_return(cfg, e: DoesNotFit):

@@ -25,10 +25,10 @@ def _inner(hydra_context) -> HydraContext:
     return HydraContext(config_loader=loader, callbacks=hydra_context.callbacks)
 
 
-def hand_over(launcher, config, hydra_context, points: list[Point], jobs: list, cfgs: list) -> list:
+def hand_over(launcher, config, hydra_context, points: list[Point], jobs: list, cfgs: list, at_once: int = 1) -> list:
     """The jobs that are to run go to the launcher's Hydra launcher plugin (SLURM: a job array
     through hydra-submitit-launcher; local with `sweep.parallel_jobs` above 1: a joblib pool); its
-    job processes run their plans (`job.run_planned`)."""
+    job processes run their plans (`job.run_planned`); `at_once` of them at a time (a joblib pool)."""
     if (down := launcher.submit_problem()) is not None:
         refuse(ConfigError([down]))
     sub = Submission(
@@ -37,6 +37,7 @@ def hand_over(launcher, config, hydra_context, points: list[Point], jobs: list, 
         task_function=planned_task(points),
         exp=points[0].exp,
         single=len(points) == 1 and str(config.hydra.sweep.subdir) == ".",
+        jobs_at_once=at_once,
     )
     return _handed_over(functools.partial(launcher.submit, sub), points, jobs, cfgs)
 

@@ -186,11 +186,12 @@ class Local:
 
     def submit(self, submission: Submission, overrides: list, first: int) -> list:
         """sweep.parallel_jobs > 1: the jobs go to hydra-joblib-launcher's JoblibLauncher (a pool of
-        that many processes); each job process runs its job like a local one."""
+        as many processes as this host takes at once, `plan.host_share`); each job process runs its
+        job like a local one."""
         from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher  # lazy: optional extra
         from joblib.externals.loky import get_reusable_executor  # lazy: optional extra
 
-        n_jobs = submission.exp.sweep.parallel_jobs
+        n_jobs = submission.jobs_at_once
         print(f"qwen3exp: running {len(overrides)} job(s), {n_jobs} at a time (hydra-joblib-launcher)", flush=True)
         # max_nbytes=None: nothing is memory-mapped (a job gets a few override strings), so joblib
         # makes no temporary folder in /dev/shm that would be left for its resource tracker at exit.

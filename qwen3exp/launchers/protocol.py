@@ -34,6 +34,8 @@ class Submission:
     """The batch's first job: its launcher and sweep sections hold for every job (checked)."""
     single: bool
     """One run in its own directory (`hydra.sweep.subdir=.`), not a sweep."""
+    jobs_at_once: int = 1
+    """Local jobs run at once (`sweep.parallel_jobs`, fewer where this host takes fewer: `plan.host_share`)."""
 
     @property
     def sweep_dir(self) -> Path:

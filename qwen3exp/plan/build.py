@@ -46,6 +46,7 @@ from qwen3exp.plan import (
 from qwen3exp.plan.auto_layout import Layout, attention
 from qwen3exp.plan.batches import Batches, batch_problems, resolve_batches
 from qwen3exp.plan.checkpoint_verdict import CheckpointVerdict, checkpoint_verdict
+from qwen3exp.plan.host_share import job_facts
 from qwen3exp.plan.layout_cost import Shape, run_step
 from qwen3exp.plan.memory_fit import DoesNotFit, memory_fit
 from qwen3exp.plan.mesh import Mesh, mesh_problems, resolve_mesh
@@ -226,8 +227,7 @@ def _resolve_stages(
         problems += e.problems
         files = None
     arch = files.arch if files is not None else None
-    # A real launch checks the device here (exit 2 when it is missing); a dry run plans from tables.
-    facts = resolve(exp.platform, nproc_per_node=exp.launcher.nproc_per_node, dry_run=exp.dry_run)
+    facts = job_facts(exp)  # a real launch checks the device (exit 2 when missing); a dry run plans from tables
     moe = arch is not None and arch.is_moe
     exp, layout, unfit = auto_resolve.attempt(exp, arch, facts, lambda e: _peft_problems(e, moe))
     if not isinstance(exp.data, ChatData):  # data=chat's own checks follow (chat_files)
@@ -270,7 +270,7 @@ def prepare(exp: Experiment, env: Mapping[str, str] | None = None, claims_of: Cl
     the kernel override claims; raise ConfigError on the first failing stage (cheap: no torchtitan
     unless kernel overrides are active). A launch runs `make_plan`'s Plan instead."""
     files = model_files.check(exp)
-    facts = resolve(exp.platform, nproc_per_node=exp.launcher.nproc_per_node, dry_run=exp.dry_run)
+    facts = job_facts(exp)
     exp = auto_resolve.resolve(exp, files.arch, facts, lambda e: _peft_problems(e, files.arch.is_moe))[0]
     problems = experiment_problems(exp, facts) + tracking.check(exp)
     if problems:

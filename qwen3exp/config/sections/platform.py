@@ -24,7 +24,8 @@ class CpuPlatform(Strict):
     ranks_per_node: PerNode = 2
     """Ranks when launcher.nproc_per_node is null."""
     threads_per_rank: PerNode | None = None
-    """torch intra-op threads per rank; None: cores / ranks (at least 1)."""
+    """torch intra-op threads per rank; None: cores / ranks (at least 1), and in a local batch of
+    sweep.parallel_jobs jobs cores / (ranks x sweep.parallel_jobs), so the jobs share the cores."""
     memory_per_rank_gib: Annotated[float, Field(gt=0)] | None = None
     """Memory budget per rank for planning; None: physical memory / ranks."""
 

@@ -52,7 +52,12 @@ class Sweep(Strict):
     minimize); required for another metric. A loss or the throughput has its own."""
     parallel_jobs: PosInt = 1
     """Local jobs of one batch run at once (above 1: through hydra-joblib-launcher, after every job
-    of the batch was checked); each job starts its own launcher.nproc_per_node ranks."""
+    of the batch was checked); each job starts its own launcher.nproc_per_node ranks. Checked
+    together against this host (its cores and the memory available now; one at a time on an
+    accelerator): fewer that fit run at once, and the plan says why (launcher=slurm: not this host's)."""
+    strict_parallel_jobs: bool = False
+    """true: a batch whose sweep.parallel_jobs jobs do not fit this host together is refused (exit 2)
+    instead of run with fewer at once."""
 
     @model_validator(mode="after")
     def _known_objective(self) -> Sweep:
