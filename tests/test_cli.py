@@ -201,6 +201,8 @@ def test_the_run_keeps_score(trained):
     assert [line for line in ending if "under-estimates" in line] == ([ending[1]] if s["memory_ratio"] > 1.15 else [])
     assert "qwen3exp: no checkpoint was saved (checkpoint=none); add checkpoint=dcp to keep the weights" in ending
     assert ending[-1] == f"qwen3exp: next: qwen3exp report {run}  |  qwen3exp relaunch {run} (runs it again)"
+    # From random weights: the ranks recorded no step-0 load.
+    assert s["weights_loaded"] is False and s["weights_loaded_tensors"] == 0 and s["weights_source"] is None
 
 
 @pytest.mark.slow  # it trains (torchrun or steps in a fresh process): the full tier

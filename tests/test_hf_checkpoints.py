@@ -99,6 +99,11 @@ def references(run_a, run_b, ckpts) -> dict[str, float]:
 def test_native_auto_loads_untied_checkpoint_and_exports(run_a, ckpts, references):
     s = read_summary(run_a)
     assert s["status"] == "completed" and s["weights_loaded"] is True
+    # The ranks report it: rank 0 recorded every tensor of the untied checkpoint as loaded.
+    from safetensors import safe_open
+
+    with safe_open(ckpts["untied"] / "model.safetensors", "pt") as f:
+        assert s["weights_loaded_tensors"] == len(list(f.keys())), s["weights_loaded_tensors"]
     assert s["weights_source"] == str(ckpts["untied"])
     assert s["step1_loss"] == read_metrics(run_a)[0]["loss"]
     assert abs(s["step1_loss"] - references["a"]) < TOL

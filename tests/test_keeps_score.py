@@ -127,6 +127,30 @@ def test_the_step_time_is_scored_against_the_plans_cost_model(plan, tmp_path, ca
     assert scorecard.step_score(None, [{"step": 1}])["step_time_ratio"] is None
 
 
+def test_weights_loaded_is_what_the_ranks_report(plan, tmp_path):
+    """Issue 39: `weights_loaded` was the configuration (checkpoint.load) and a step-1 loss. It is
+    what rank 0 recorded after the step-0 load (`qwen3exp.titan.weights_record`): a run configured
+    to load whose ranks recorded no load says false; the recorded tensors are counted."""
+    import dataclasses
+
+    from qwen3exp.titan import weights_record
+
+    source = str(tmp_path / "elsewhere" / "step-3")
+    checkpoint = plan.exp.checkpoint.model_copy(update={"load": "dcp", "path": source})
+    loading = dataclasses.replace(plan, exp=plan.exp.model_copy(update={"checkpoint": checkpoint}))
+    run_dir = _run_dir(plan, tmp_path, {0: 1.0})
+    summary = outcome.summarize(loading, run_dir, exit_code=0, status="completed", wall=5.0, error=None)
+    assert summary["step1_loss"] == 3.5 and summary["weights_source"] == source
+    assert summary["weights_loaded"] is False and summary["weights_loaded_tensors"] == 0
+    weights_record.write(run_dir, source=source, hf=False, names=["tok_embeddings.weight", "norm.weight"])
+    summary = outcome.summarize(loading, run_dir, exit_code=0, status="completed", wall=5.0, error=None)
+    assert summary["weights_loaded"] is True and summary["weights_loaded_tensors"] == 2
+    assert rundir.read_json(weights_record.path(run_dir))["names"] == ["norm.weight", "tok_embeddings.weight"]
+    weights_record.clear(run_dir)  # a launch that starts from step 1: its ranks report their own
+    summary = outcome.summarize(plan, run_dir, exit_code=0, status="completed", wall=5.0, error=None)
+    assert summary["weights_loaded"] is False and summary["weights_source"] is None
+
+
 def test_rank_peak_keeps_the_highest_reading():
     from pathlib import Path
     from tempfile import TemporaryDirectory

@@ -42,6 +42,7 @@ from qwen3exp.run import (
     scorecard,
     timelimit,
 )
+from qwen3exp.titan import weights_record
 from qwen3exp.titan.overrides import merge_applied
 
 EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -188,7 +189,7 @@ def summarize(
         "name": plan.exp.name,
         # The 6.54-vs-12.43 check in one look: step-1 loss and where the step-0 weights came from.
         "step1_loss": step1,
-        "weights_loaded": weights is not None and step1 is not None,
+        **weights_record.summary_fields(run_dir),  # what the ranks report they loaded at step 0
         "weights_source": str(weights) if weights is not None else None,
         "checkpoint": plan.exp.checkpoint.summary,
         "resumed_from_step": resumed_from,

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torchtitan.components.checkpoint import AsyncMode, CheckpointManager
 
 from qwen3exp.run import rundir, signing
-from qwen3exp.titan import lora
+from qwen3exp.titan import lora, weights_record
 
 # What torch says when `LambdaLR.get_lr()` is called outside `step()` (torch/optim/lr_scheduler.py).
 _GET_LR_OUTSIDE_STEP = re.escape("To get the last learning rate computed by the scheduler")
@@ -41,6 +41,15 @@ class KeepLatestCheckpointManager(CheckpointManager):
     def __init__(self, config, **kwargs) -> None:
         super().__init__(config, **kwargs)
         self._export = config
+        self._run_dir = Path(kwargs.get("base_folder", ""))  # the trainer's dump_folder: the run directory
+
+    def dcp_load(self, state_dict, checkpoint_id: str, from_hf: bool, from_quantized: bool) -> None:
+        """torchtitan's load; after the step-0 load (`initial_load_path`, model only) rank 0 records
+        the tensors it filled (`qwen3exp.titan.weights_record`: summary.json's `weights_loaded`)."""
+        super().dcp_load(state_dict, checkpoint_id, from_hf, from_quantized)
+        step_0 = bool(self.initial_load_path) and checkpoint_id == self.initial_load_path
+        if step_0 and (not dist.is_initialized() or dist.get_rank() == 0):
+            weights_record.write(self._run_dir, source=checkpoint_id, hf=from_hf, names=list(state_dict))
 
     def _save(self, curr_step: int, last_step: bool = False) -> bool:
         saved = self._save_dcp(curr_step, last_step) if self._export.keep_dcp else False
