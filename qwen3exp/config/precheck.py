@@ -79,12 +79,19 @@ def sweeper_params(cfg) -> list[str]:
     return [f"{k}={v}" for k, v in params.items()]
 
 
+SHOWS_COMPOSITION = ("--cfg", "-c", "--info", "-i")
+"""Hydra's flags that compose the command line's overrides to show them."""
+
+
 def check_files(inv: Invocation) -> None:
     """For a command that runs Hydra without `precheck` (--cfg, --info, --hydra-help): the
     composition it shows (a sweep: at its first values), composed first, so that each file it reads
-    is within the limits (`file_limits`) and each option it names exists; raises ConfigError."""
+    is within the limits (`file_limits`) and each option it names exists; raises ConfigError. Other
+    flags (--hydra-help, --shell-completion, whose words are no overrides) compose nothing."""
     with Composer(inv.config_dir, inv.config_name) as c:
         c.search_path(parse_overrides(inv.overrides))
+        if not any(f.split("=", 1)[0] in SHOWS_COMPOSITION for f in inv.info_flags):
+            return
         parsed = parse_overrides(inv.overrides, config_loader=c.loader)
         if problems := c.group_problems(parsed, tuple(inv.overrides)):
             raise ConfigError(problems)
