@@ -81,6 +81,14 @@ def test_a_parallel_sweep_that_fits_is_unchanged(monkeypatch):
     assert alone.platform.env["OMP_NUM_THREADS"] == "2" and host_share.share([alone], 1).lines == []
 
 
+def test_jobs_on_an_accelerator_run_one_at_a_time(monkeypatch):
+    """Each job's ranks use the node's devices 0..n-1: two 1-rank CUDA jobs would share device 0."""
+    plans = _plans(monkeypatch, 2, "platform=cuda", "launcher.nproc_per_node=1", cores=8, available_gib=64)
+    shared = host_share.share(plans, 2)
+    assert (shared.at_once, shared.problem) == (1, None) and "one job at a time on cuda" in shared.lines[1]
+    assert "FEWER AT ONCE THAN ASKED: 1 instead of 2" in shared.lines[-1]
+
+
 def test_the_24_job_dry_run_says_how_many_run_at_once_and_why(tmp_path):
     """Issue 39: on this host (2 cores, 24 GiB) the dry run planned all 24 jobs at once with no word
     about the host. It now says how many run at once, limited by what, with the host's figures as
