@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import sys
 from importlib import metadata
 
@@ -25,8 +24,8 @@ from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError
 from qwen3exp.launchers import chat_dcp, data_show, eval_command
 from qwen3exp.launchers.command import checked_launch, run_hydra
 from qwen3exp.launchers.job import COMMAND_ENV
-from qwen3exp.launchers.state import Terminated, on_sigterm
-from qwen3exp.run import console
+from qwen3exp.launchers.state import job_started
+from qwen3exp.run import console, stopping
 
 COMMANDS = {
     "init": scaffold.main,
@@ -54,6 +53,25 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None) -> 
     command = command or [sys.executable, "-m", "qwen3exp", *argv]
     os.environ[COMMAND_ENV] = json.dumps(command)
     console.command_started()  # a run's wall time is the command's (launchers.local)
+    # Ctrl-C, SIGTERM (a scheduler's preemption) and SIGHUP (the terminal went away) stop a launch
+    # with 130 / 143: with the summary, or, before any job started, leaving nothing behind. The
+    # command installed the handler first (qwen3exp.entry); an in-process call has it for the call.
+    old = {} if stopping.installed() else stopping.install()
+    try:
+        return stopping.exit_code(_command_line(argv, command))
+    except BaseException:
+        if stopping.received() is None:
+            raise
+        # The signal, or what library code raised while the signal unwound it (omegaconf, Hydra).
+        if not job_started():
+            print("qwen3exp: stopped while checking, before anything started; nothing was kept", file=sys.stderr)
+        return stopping.exit_code(130)
+    finally:
+        stopping.restore(old)
+
+
+def _command_line(argv: list[str], command: list[str]) -> int:
+    """Hydra's flags, qwen3exp's help, or a launch."""
     try:
         inv = parse_argv(argv, commands=[*COMMANDS, "relaunch"])
         if inv.info_flags in (["--help"], ["-h"]):  # qwen3exp's own help: commands, groups, every key
@@ -64,19 +82,10 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None) -> 
             run_hydra(inv, [], multirun=inv.multirun)
             return 0
     except ConfigError as e:
+        stopping.check()  # a signal the config's code turned into a mistake is still the signal
         print(e.render(), file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    # SIGTERM (a scheduler's preemption) and SIGHUP (the terminal went away) stop a launch like
-    # Ctrl-C: with the summary, or, before any job started, leaving nothing behind.
-    old = {sig: signal.signal(sig, on_sigterm) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        return checked_launch(inv, command)
-    except (KeyboardInterrupt, Terminated) as e:
-        print("qwen3exp: stopped while checking, before anything started; nothing was kept", file=sys.stderr)
-        return 130 if isinstance(e, KeyboardInterrupt) else 143
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+    return checked_launch(inv, command)
 
 
 def versions() -> str:
@@ -98,14 +107,23 @@ def entry() -> None:
     torchtitan (imported to build the config) took 5-11 s on a loaded 2-core machine: long enough
     to turn a Ctrl-C that stopped every rank in 2 s into a launcher that lingers."""
     try:
-        code = main()
+        try:
+            stopping.check()  # a signal some import swallowed
+            code = main()
+        finally:
+            stopping.silence()  # the teardown below is not cut short: a signal only sets the code
     except SystemExit as e:  # Hydra jobs end with SystemExit (interrupted runs: 130 / 143)
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, stopping.Terminated):
         code = 130
+    except Exception:
+        if stopping.received() is None:
+            raise
+        code = 130  # what a library raised while the signal unwound it: the signal's code (below)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
+    code = stopping.last_code(code)  # a signal during all of the above too
     if "torch" not in sys.modules:  # nothing slow to tear down: a normal exit runs the exit hooks
         sys.exit(code)  # (joblib's, for sweep.parallel_jobs, removes its temporary folder)
     os._exit(code)

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Mapping
 
 from qwen3exp import completion
+from qwen3exp.run import stopping
 
 PROGRAM = "qwen3exp"
 """The command the completion is registered for (the console script; `python -m` is not completed)."""
@@ -108,11 +109,22 @@ def typed_line(env: Mapping[str, str]) -> str:
 def entry() -> None:
     """The console script's `main`: a completion request is answered and the process exits;
     everything else is `qwen3exp.cli.entry()`."""
+    # First: Ctrl-C, SIGTERM and SIGHUP stop the command with 130 / 143 from here to its last
+    # instruction, also while the command line is imported (qwen3exp.run.stopping says why).
+    stopping.install()
     request = completion_request(sys.argv[1:])
     if request is not None:
         sys.stdout.write(answer(*request, os.environ))
         sys.stdout.flush()
         sys.exit(0)
-    from qwen3exp import cli  # lazy: the launchers, the analysis and Hydra; a TAB needs none of them
-
+    try:
+        from qwen3exp import cli  # lazy: the launchers, the analysis and Hydra; a TAB needs none of them
+    except BaseException:
+        if stopping.received() is None:
+            raise
+        # The signal, or what a library raised while the signal unwound it (omegaconf's flag_override
+        # then fails with AttributeError): the import was cut short, nothing else ran.
+        stopping.silence()
+        print("qwen3exp: stopped before anything started; nothing was kept", file=sys.stderr, flush=True)
+        os._exit(stopping.last_code(130))  # no finalization of half-imported modules
     cli.entry()

@@ -35,13 +35,29 @@ def env_with(**extra: str) -> dict:
 
 
 def start_cli(
-    *args: str, log: Path, err: Path | None = None, cwd: Path = REPO, fresh: bool = False, **env: str
+    *args: str,
+    log: Path,
+    err: Path | None = None,
+    cwd: Path = REPO,
+    fresh: bool = False,
+    ignored: tuple[int, ...] = (),
+    **env: str,
 ) -> subprocess.Popen | cli_fork.Started:
     """`python -m qwen3exp ARGS` in the background in `cwd`, stdout to `log` and stderr to `err` (or
     `log` too): forked from a process that has imported it (tests/cli_fork.py) unless `fresh` (a new
-    interpreter)."""
-    if not fresh and (started := cli_fork.start(list(args), cwd, env_with(**env), cli_env(), log, err)) is not None:
+    interpreter). `ignored`: signals the new interpreter starts with ignored (SIGINT: as a script's
+    `qwen3exp ... &` starts it; SIGHUP: nohup)."""
+    if (
+        not fresh
+        and not ignored
+        and (started := cli_fork.start(list(args), cwd, env_with(**env), cli_env(), log, err)) is not None
+    ):
         return started
+
+    def ignore() -> None:
+        for sig in ignored:
+            signal.signal(sig, signal.SIG_IGN)
+
     with log.open("w") as out, (err or Path(os.devnull)).open("w") as errors:
         return subprocess.Popen(
             [sys.executable, "-m", "qwen3exp", *args],
@@ -49,6 +65,7 @@ def start_cli(
             env=env_with(**env),
             stdout=out,
             stderr=subprocess.STDOUT if err is None else errors,
+            preexec_fn=ignore if ignored else None,
         )
 
 

@@ -47,11 +47,11 @@ from qwen3exp.launchers.points import HydraFiles, Point, check_job
 from qwen3exp.launchers.protocol import Launcher
 from qwen3exp.launchers.rerun import run_dir_problems
 from qwen3exp.launchers.returns import for_sweeper, job_return, run_one
-from qwen3exp.launchers.state import Terminated, checked, mark_started, refuse, terminated
+from qwen3exp.launchers.state import checked, mark_started, refuse
 from qwen3exp.plan import host_share
 from qwen3exp.plan.memory_fit import DoesNotFit
 from qwen3exp.plan.render import print_plans
-from qwen3exp.run import disk, identity
+from qwen3exp.run import disk, identity, stopping
 from qwen3exp.run.redact import redact_hydra_record
 
 
@@ -86,8 +86,8 @@ def launch(
         return [
             job_return(cfg, {"status": "planned", "run_dir": p.run_dir}) for cfg, p in zip(cfgs, points, strict=True)
         ]
-    mark_started(points[0].exp.launcher)
     if launcher.hands_over or hosted.at_once > 1:
+        mark_started(points[0].exp.launcher)
         returns = handover.hand_over(launcher, config, hydra_context, points, jobs, cfgs, hosted.at_once)
     else:
         returns = [
@@ -126,10 +126,15 @@ def refused_return(cfg, e: DoesNotFit):
 
 
 def _run_here(hydra_context, cfg, point: Point, job):
-    if job.state == sweep.DONE:
-        print(f"qwen3exp: skipped (completed earlier, same experiment): {point.run_dir}", flush=True)
-        return job_return(cfg, {"status": "completed", "skipped": True, "run_dir": point.run_dir})
-    return run_one(hydra_context, cfg, functools.partial(run_point, point))
+    # A signal between the start and the job's supervisor (Hydra's job setup), or after it (the
+    # summary), waits: the supervisor takes one that came before it, and the job ends `interrupted`
+    # with its summary; one after it stops the launch once the summary is written.
+    with stopping.held():
+        mark_started(point.exp.launcher)
+        if job.state == sweep.DONE:
+            print(f"qwen3exp: skipped (completed earlier, same experiment): {point.run_dir}", flush=True)
+            return job_return(cfg, {"status": "completed", "skipped": True, "run_dir": point.run_dir})
+        return run_one(hydra_context, cfg, functools.partial(run_point, point))
 
 
 def _check_batch(
@@ -150,8 +155,7 @@ def _check_batch(
         try:
             cfg = loader.load_sweep_config(config, list(overrides))
         except Exception as e:  # Hydra's composition errors, as Problems naming the override
-            if terminated():  # SIGTERM interrupted Hydra; what it raised while unwinding is not the config's
-                raise Terminated() from e
+            stopping.check()  # a signal interrupted Hydra: what it raised while unwinding is not the config's
             errors.append(ConfigError(composition_problems(e, list(overrides), config), context=context))
             continue
         with open_dict(cfg):

@@ -30,25 +30,23 @@ from qwen3exp.errors import EXIT_CHECK_CRASHED, EXIT_CONFIG_ERROR, ConfigError, 
 from qwen3exp.launchers import search, single, sweep
 from qwen3exp.launchers.job import task
 from qwen3exp.launchers.registry import launcher_of
-from qwen3exp.launchers.state import Terminated, begin, job_started, started_launcher
+from qwen3exp.launchers.state import begin, job_started, started_launcher
 from qwen3exp.plan import placement
-from qwen3exp.run import claim, identity, rundir
+from qwen3exp.run import claim, identity, rundir, stopping
 from qwen3exp.run.redact import redact_text
 
 
 def checked_launch(inv: Invocation, command: list[str]) -> int:
     """Check, claim, launch; the exit code (see the module docstring)."""
     begin()
+    held, dry, refused = None, False, False  # a refusal, even one found inside the job, leaves nothing behind
     try:
         master = precheck(inv)
-        held = _claim(master)
-    except ConfigError as e:
-        print(e.render(), file=sys.stderr)
-        return EXIT_CONFIG_ERROR
-    out = Path(master.output_dir)
-    dry = bool(OmegaConf.select(master.cfg, "dry_run", default=False))
-    refused = False  # a refusal, even one found inside the job, leaves nothing behind
-    try:
+        stopping.check()  # a signal that Hydra's or pydantic's code swallowed: nothing is claimed
+        dry = bool(OmegaConf.select(master.cfg, "dry_run", default=False))
+        with stopping.held():  # a signal waits until the claim is whole: `finally` then removes it
+            held = _claim(master)
+        out = Path(master.output_dir)
         if master.adaptive:
             if dry:  # nobody knows an adaptive sweeper's points before it runs: the space, checked
                 return search.dry_run(master, inv)
@@ -56,6 +54,7 @@ def checked_launch(inv: Invocation, command: list[str]) -> int:
             master.extra.extend(search.resume_overrides(master, out))
         return _launch(inv, master, out, command)
     except ConfigError as e:
+        stopping.check()  # a signal that library code turned into a mistake is still the signal
         print(e.render(), file=sys.stderr)
         refused = True
         return EXIT_CONFIG_ERROR
@@ -66,8 +65,11 @@ def checked_launch(inv: Invocation, command: list[str]) -> int:
         return int(e.code)  # refused (or a check crashed): the launcher said why
     finally:
         # Until a job has started, whatever ends the launch (a refusal, a crash in a check, Ctrl-C or
-        # SIGHUP while planning) leaves nothing behind; a dry run never keeps anything.
-        held.release(discard=dry or refused or not job_started())
+        # SIGHUP while planning) leaves nothing behind; a dry run never keeps anything. A signal
+        # during the removal waits for its end.
+        if held is not None:
+            with stopping.held():
+                held.release(discard=dry or refused or not job_started())
 
 
 def _claim(master: Master):
@@ -114,7 +116,7 @@ def _launch(inv: Invocation, master: Master, out: Path, command: list[str]) -> i
             single.launch_run(inv, master)
     except KeyboardInterrupt:  # Ctrl-C between two jobs (launcher=slurm: while waiting for them)
         stopped = 130
-    except Terminated:  # SIGTERM (a scheduler's preemption) or SIGHUP (the terminal went away)
+    except stopping.Terminated:  # SIGTERM (a scheduler's preemption) or SIGHUP (the terminal went away)
         stopped = 143
     except SystemExit as e:  # a job stopped by a signal, a refusal (2), or Hydra itself gave up
         if e.code in (EXIT_CONFIG_ERROR, EXIT_CHECK_CRASHED):

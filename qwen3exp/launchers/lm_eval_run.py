@@ -109,6 +109,8 @@ def run(req: dict, run_dir: Path, env: dict[str, str]) -> Evaluation:
     code: int | None = None
     with open(logs / LOG, "ab") as log, StopSignals() as stop:
         try:
+            if stop.signum is not None:  # a signal that came after the training (qwen3exp.run.stopping)
+                raise Interrupted(stop.signum)
             stop.proc = subprocess.Popen(
                 [sys.executable, "-m", WORKER, str(ask)],
                 env={**env, **OFFLINE},

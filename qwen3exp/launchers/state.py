@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 import traceback
 
 from qwen3exp.errors import EXIT_CHECK_CRASHED, EXIT_CONFIG_ERROR, ConfigError
+from qwen3exp.run import stopping
 
 
 def refuse(e: ConfigError) -> None:
@@ -31,9 +30,11 @@ def checked(check, *args, **kwargs):
     try:
         return check(*args, **kwargs)
     except ConfigError as e:
+        stopping.check()  # a signal that library code turned into an error is still the signal
         refuse(e)
         raise
     except Exception as e:
+        stopping.check()
         traceback.print_exc()
         print(
             f"qwen3exp: a check crashed ({type(e).__name__}: {str(e)[:300]}); this is a bug in qwen3exp, not "
@@ -63,26 +64,3 @@ def mark_started(launcher: object) -> None:
 def started_launcher() -> object:
     """The launcher section of the batch that started (`mark_started`)."""
     return _LAUNCHER[0]
-
-
-class Terminated(BaseException):
-    """SIGTERM or SIGHUP outside a job (while checking, between two jobs): stop like Ctrl-C."""
-
-
-_TERMINATED = [False]
-
-
-def terminated() -> bool:
-    """Whether SIGTERM or SIGHUP came while checking (`on_sigterm`): an error raised while its
-    `Terminated` unwound a library's code (Hydra composing a sweep point) is the signal's doing."""
-    return _TERMINATED[0]
-
-
-def on_sigterm(signum, _frame):
-    if signum == signal.SIGHUP and job_started():
-        # A job is running: its launcher stops the ranks and records the run on SIGTERM (qwen3exp's
-        # local launcher installs that handler for the job's lifetime); a hang-up means the same.
-        os.kill(os.getpid(), signal.SIGTERM)
-        return
-    _TERMINATED[0] = True
-    raise Terminated()

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from qwen3exp.platforms import PlatformFacts
-from qwen3exp.run import forked_agent, procs, timelimit
+from qwen3exp.run import forked_agent, procs, stopping, timelimit
 
 
 def rank_env(facts: PlatformFacts, run_dir: Path) -> dict[str, str]:
@@ -36,12 +36,14 @@ def rank_env(facts: PlatformFacts, run_dir: Path) -> dict[str, str]:
     return env
 
 
-class Interrupted(Exception):
-    """Ctrl-C / SIGTERM before torchrun was started: the launch is abandoned."""
+class Interrupted(BaseException):
+    """Ctrl-C / SIGTERM before torchrun was started: the launch is abandoned. A BaseException, as
+    KeyboardInterrupt is: library code's `except Exception` (logging's handlers print a traceback and
+    go on) must neither swallow it nor turn it into an error of its own."""
 
 
 class StopSignals:
-    """SIGINT and SIGTERM for the whole launch (in a SLURM job this also replaces submitit's
+    """SIGINT, SIGTERM and SIGHUP for the whole launch (in a SLURM job this also replaces submitit's
     handler, which ignores SIGTERM). Before torchrun runs, a signal abandons the launch at once;
     while it runs, the first signal is remembered and torchrun is asked to stop its ranks."""
 
@@ -53,6 +55,10 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:  # (nohup: ignored, as asked)
+            self._old[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._handle)
+        if (pending := stopping.take_pending()) is not None:  # came while the job was being set up
+            self.signum, self.at = _as_stop(pending), time.monotonic()
         # SLURM's pre-timeout signal, should it reach the launcher: a request for the ranks
         # (qwen3exp.run.timelimit); submitit's own handler runs after the launch, if at all.
         self._old[signal.SIGUSR2] = signal.signal(signal.SIGUSR2, self._time_limit)
@@ -67,10 +73,13 @@ class StopSignals:
             signal.signal(s, h)
 
     def _handle(self, signum, _frame) -> None:
-        if self.signum is None:
-            self.signum, self.at = signum, time.monotonic()
+        first = self.signum is None
+        if first:
+            self.signum, self.at = _as_stop(signum), time.monotonic()
         if self.proc is None:
-            raise Interrupted(signum)
+            if first:  # a second one must not cut short what the first's unwinding does
+                raise Interrupted(self.signum)
+            return
         self.stop_torchrun()
 
     def stop_torchrun(self) -> None:
@@ -82,6 +91,11 @@ class StopSignals:
             os.killpg(self.proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
+
+
+def _as_stop(signum: int) -> int:
+    """A hang-up (the terminal went away) stops a run as SIGTERM does."""
+    return signal.SIGTERM if signum == signal.SIGHUP else signum
 
 
 def run_torchrun(
