@@ -27,17 +27,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from qwen3exp.config.schema import Experiment
-from qwen3exp.config.sections.launcher import LocalLauncher
+from qwen3exp.config.sections.launcher import LocalLauncher, SlurmLauncher
 from qwen3exp.config.sections.platform import CpuPlatform
 from qwen3exp.errors import Problem
+from qwen3exp.plan import slurm_partition
 from qwen3exp.plan.memory import DTYPE_BYTES
-from qwen3exp.platforms import PlatformFacts, cpu, resolve
+from qwen3exp.platforms import PlatformFacts, cpu, elsewhere, resolve
 from qwen3exp.units import gib
 
 
 def job_facts(exp: Experiment) -> PlatformFacts:
     """The platform of one job (`platforms.resolve`: a real launch checks the device, exit 2 when it
-    is missing; a dry run plans from tables), its CPU threads shared with the jobs of its batch."""
+    is missing; a dry run plans from tables), its CPU threads shared with the jobs of its batch. A
+    launcher=slurm job planned on its submit host: the partition's nodes, nothing of this host
+    (`slurm_partition`; the job checks its devices when it starts)."""
+    if slurm_partition.submitted_from_here(exp):
+        assert isinstance(exp.launcher, SlurmLauncher)
+        node = slurm_partition.job_node(exp.launcher)
+        return elsewhere.facts(exp.platform, node, nproc_per_node=exp.launcher.nproc_per_node)
     return threads_for_jobs(resolve(exp.platform, nproc_per_node=exp.launcher.nproc_per_node, dry_run=exp.dry_run), exp)
 
 

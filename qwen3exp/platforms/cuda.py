@@ -47,9 +47,9 @@ def device_hint() -> str | None:
     return None
 
 
-def facts(cfg, *, nproc_per_node: int | None, dry_run: bool, reason: str) -> PlatformFacts:
-    hint = device_hint()
-    info: dict[str, Any] = probe.probe(NAME) if hint else {"error": "no /dev/nvidia* device"}
+def facts(cfg, *, nproc_per_node: int | None, dry_run: bool, reason: str, here: bool = True) -> PlatformFacts:
+    hint = device_hint() if here else None  # here=False: the job's GPUs, elsewhere (`platforms.elsewhere`)
+    info: dict[str, Any] = probe.probe(NAME) if hint else {"error": "no /dev/nvidia* device" if here else "elsewhere"}
     count = int(info.get("count") or 0) if info.get("available") else 0
     if count:
         checked = True

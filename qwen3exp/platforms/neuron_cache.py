@@ -149,7 +149,7 @@ INPUT_FIELDS: dict[str, frozenset[str]] = {
     ),
     "metrics": frozenset({"log_freq", "tensorboard", "wandb", "wandb_project"}),
     "validation": frozenset({"freq", "steps", "fraction", "path"}),
-    "sweep": frozenset({"objective", "direction", "parallel_jobs"}),
+    "sweep": frozenset({"objective", "direction", "parallel_jobs", "strict_parallel_jobs"}),
 }
 """Keys that change no compiled graph (data, weights, schedules, where and when)."""
 
