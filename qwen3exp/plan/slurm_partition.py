@@ -45,8 +45,19 @@ def job_node(la: SlurmLauncher) -> JobNode:
     )
 
 
+_answers: dict[tuple[str | None, str | None], JobNode] = {}
+
+
 def query(partition: str | None) -> JobNode:
-    """What sinfo says of the partition's nodes (the default partition when None)."""
+    """What sinfo says of the partition's nodes (the default partition when None), asked once per
+    launcher process (every point of a sweep is planned with the same answer)."""
+    key = (partition, os.environ.get("PATH"))
+    if key not in _answers:
+        _answers[key] = _ask(partition)
+    return _answers[key]
+
+
+def _ask(partition: str | None) -> JobNode:
     what = f"sinfo -p {partition}" if partition else "sinfo (the default partition)"
     try:
         out = subprocess.run(
