@@ -23,9 +23,10 @@ from pathlib import Path
 
 import pytest
 
+from qwen3exp.run import stopping
 from runprocs import TINY, assert_no_survivors, kill_leftovers, metric_rows, start_cli
 
-pytestmark = pytest.mark.slow  # 25 new interpreters (the import is a phase), 12 of them launches: ~70 s
+slow = pytest.mark.slow  # new interpreters (the import is a phase of its own), 13 of them launches
 
 STEPS = 3
 LAUNCH = (*TINY, f"training.steps={STEPS}", "launcher.nproc_per_node=1", "validation.enable=false")
@@ -202,13 +203,31 @@ def _grid(tmp_path: Path, args: tuple, grid: list, dry: bool) -> list[dict]:
     return results
 
 
+@slow
 def test_a_signal_at_any_moment_of_a_dry_run_stops_it(tmp_path):
     results = _grid(tmp_path, DRY, DRY_GRID, dry=True)
     phases = {r["phase"] for r in results if r["stopped"]}
     assert {"import", "plan"} <= phases, phases  # ("check" too, unless the load changed a lot since the span)
 
 
+@slow
 def test_a_signal_at_any_moment_of_a_launch_stops_it(tmp_path):
     results = _grid(tmp_path, LAUNCH, LAUNCH_GRID, dry=False)
     phases = {r["phase"] for r in results if r["stopped"]}
     assert {"import", "plan", "start", "first step", "end"} <= phases, phases
+
+
+def test_nohup_keeps_a_hang_up_ignored():
+    """A command started under nohup (SIGHUP ignored) outlives its terminal; SIGINT is taken over an
+    inherited SIG_IGN (a script's `qwen3exp ... &`), SIGTERM always."""
+    before = {s: signal.getsignal(s) for s in stopping.SIGNALS}
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        old = stopping.install()
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) is stopping.handler is signal.getsignal(signal.SIGTERM)
+        stopping.restore(old)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
