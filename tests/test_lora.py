@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from conftest import compose, read_metrics, read_summary, read_validation, run_cli
-from hf_fixtures import lora_references, write_checkpoint
+from hf_fixtures import hub_cache, lora_references, write_checkpoint
 from qwen3exp import cli
 from qwen3exp.assets import TOKENIZER_DIR
 from qwen3exp.config.schema import validate_experiment
@@ -281,3 +281,32 @@ def test_an_adapter_on_its_own_names_its_base_and_is_checked_against_it(tmp_path
     (adapter / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": "Org/Missing-7B"}))
     with pytest.raises(chat.Refused, match="hf download Org/Missing-7B"):
         chat.find_weights(tmp_path / "run")
+
+
+def test_the_adapter_names_the_model_the_user_named(tmp_path, monkeypatch):
+    """adapter_config.json's base: the Hub id (and revision) as named, the Hub id and commit of a
+    cache snapshot folder given as a path, the absolute path of another local folder; none (the
+    export then holds the base) without checkpoint.load=hf."""
+    from huggingface_hub import constants
+
+    from qwen3exp.plan import lora_base
+
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (source / name).write_bytes((TOKENIZER_DIR / name).read_bytes())
+    commit = "c" * 40
+    snapshot = hub_cache(tmp_path / "hub", "org/tiny-base", source, commit=commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.chdir(tmp_path)
+
+    def base(*overrides: str):
+        exp = validate_experiment(compose("experiment=tiny_lora", "model.flavor=auto", *overrides))
+        return lora_base.named_base(exp)
+
+    assert base("model.hf_assets_path=org/tiny-base", "checkpoint=hf_load") == lora_base.Base("org/tiny-base")
+    at = base("model.hf_assets_path=org/tiny-base", f"checkpoint.path=org/tiny-base@{commit}", "checkpoint.load=hf")
+    assert at == lora_base.Base("org/tiny-base", commit)
+    assert base(f"model.hf_assets_path={snapshot}", "checkpoint=hf_load") == lora_base.Base("org/tiny-base", commit)
+    assert base("model.hf_assets_path=source", "checkpoint=hf_load") == lora_base.Base(str(source.resolve()))
+    assert base("model.hf_assets_path=source") is None  # random initialisation: the base is exported too
