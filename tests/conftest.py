@@ -32,6 +32,7 @@ LONGEST_FIRST = (
     "test_sft_pack",
     "test_kernels_training",
     "test_faults",
+    "test_signals_anytime",
     "test_installed",
     "test_fuzz",
     "test_auto_layout",

@@ -86,10 +86,12 @@ def installed() -> bool:
 
 
 def restore(old: dict) -> None:
+    """The end of an in-process call that installed the handler: the handlers it replaced are back,
+    and its signal is forgotten (a later call, or a check run directly, starts anew)."""
     for sig, h in old.items():
         signal.signal(sig, h)
     if old:
-        _S.installed = False
+        _S.first, _S.raised, _S.pending, _S.holds, _S.installed = None, False, False, 0, False
 
 
 def received() -> int | None:
