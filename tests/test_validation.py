@@ -78,7 +78,7 @@ def test_validation_off_and_a_missing_path_are_checked_before_launch(tmp_path):
         (
             "0.9995",
             "holds out 729 of the 729 document(s) of the bundled corpus, which leaves 0 to train on",
-            "at most 0.9986",
+            "0.0028 to 0.9972 for 729 documents and 2 ranks",
         ),
         # One document per side is not enough for 2 data-parallel ranks: a rank read none and failed.
         (

@@ -151,7 +151,6 @@ def make_plan(
     mem, fit = memory_fit(exp, arch, mesh, facts, total, warnings)
     problems = fit + _peft_problems(exp, arch.is_moe)
     problems += chat_packing.rank_problems(exp, mesh.dp_replicate * mesh.dp_shard, files.folder)
-    problems += data_files.split_problems(exp.data, exp.validation, mesh.dp_replicate * mesh.dp_shard)
     verdict = checkpoint_verdict(exp, files, Path(run_dir))
     problems += _verdict_problems(exp, verdict)
     if problems:
@@ -231,7 +230,7 @@ def _resolve_stages(
     moe = arch is not None and arch.is_moe
     exp, layout, unfit = auto_resolve.attempt(exp, arch, facts, lambda e: _peft_problems(e, moe))
     if not isinstance(exp.data, ChatData):  # data=chat's own checks follow (chat_files)
-        problems += data_files.data_problems(exp.data, exp.validation)
+        problems += data_files.data_problems(exp.data, exp.validation, ranks=None)  # the split: per rank, below
     problems += hf_data_files.hf_problems(exp.data, exp.training, exp.validation)
     problems += chat_files.chat_problems(
         exp.data, exp.validation, files.folder if files else None, exp.training.seq_len
@@ -249,6 +248,7 @@ def _resolve_stages(
     if mesh is not None:
         batches, ps = batch_problems(exp.training, mesh)
         problems += ps
+        problems += data_files.split_problems(exp.data, exp.validation, mesh.dp_replicate * mesh.dp_shard)
     claims: list[dict] = []
     if not problems and not unfit and arch is not None and mesh is not None and batches is not None:
         try:

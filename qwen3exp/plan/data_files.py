@@ -130,14 +130,15 @@ def fraction_problems(n: int, fraction: float, unit: str, of: str, ranks: int = 
     return [Problem("validation.fraction", fraction, why, allowed, fix)]
 
 
-def data_problems(data, validation=None) -> list[Problem]:
+def data_problems(data, validation=None, ranks: int | None = 1) -> list[Problem]:
     """data.path (and validation.path, when given) exists and holds data files whose first records
-    the loader accepts; a held-out split keeps documents on both sides."""
+    the loader accepts; a held-out split keeps `ranks` documents on each side (None: not checked
+    here, the plan checks it once the data-parallel ranks are known)."""
     problems = []
     if data.source == "local":
         problems += path_problems("data.path", data.path, data.text_field)
-    if not problems:
-        problems += split_problems(data, validation)
+    if not problems and ranks is not None:
+        problems += split_problems(data, validation, ranks)
     if validation is not None and validation.enable and validation.path is not None:
         field = data.text_field if data.source == "local" else "text"
         problems += path_problems("validation.path", validation.path, field)
