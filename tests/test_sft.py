@@ -80,7 +80,7 @@ def test_prompt_completion_records_and_the_first_batch_of_the_ranks():
     with <|endoftext|>, labels = the next token where it is trained, else -100."""
     from qwen3exp.titan.chat_dataset import ChatDataLoader, loader_config  # lazy: imports torchtitan
 
-    assert messages_of('{"prompt": "Hi?", "completion": "Hello."}') == [
+    assert messages_of('{"prompt": "Hi?", "completion": "Hello."}').messages == [
         {"role": "user", "content": "Hi?"},
         {"role": "assistant", "content": "Hello."},
     ]
@@ -91,7 +91,7 @@ def test_prompt_completion_records_and_the_first_batch_of_the_ranks():
     tok = load_tokenizer(TOKENIZER_DIR)
     lines = [line for _, _, line in records(exp.data.location)]
     held = set(held_out(len(lines), exp.validation.fraction))
-    mine = [messages_of(line) for i, line in enumerate(lines) if i not in held][1::2]
+    mine = [messages_of(line).messages for i, line in enumerate(lines) if i not in held][1::2]
     fitted = [(m, f) for m, f in ((m, fit(render(tok, m), 128, "drop")) for m in mine) if f is not None][:4]
     for row, (messages, r) in enumerate(fitted):
         n = len(r.ids) - 1

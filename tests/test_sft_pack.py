@@ -33,7 +33,7 @@ def rank_conversations(rank: int, world: int, fraction: float | None, tok) -> li
     the training side of the held-out split (none without `fraction`), every `world`-th one."""
     lines = [line for _, _, line in records(TOKENIZER_DIR.parent / "chat")]
     held = set(held_out(len(lines), fraction)) if fraction is not None else set()
-    mine = [messages_of(line) for i, line in enumerate(lines) if i not in held][rank::world]
+    mine = [messages_of(line).messages for i, line in enumerate(lines) if i not in held][rank::world]
     return [(m, r) for m, r in ((m, fit(render(tok, m), SEQ, "drop")) for m in mine) if r is not None]
 
 

@@ -3,8 +3,9 @@
 Before any worker starts, the conversations are read and rendered as the ranks will render them
 (`qwen3exp.plan.chat_render`, the run's own tokenizer and chat template), and every record the
 loader would refuse is a problem naming the file, the line and the record's key: not JSON, no
-`messages` (nor prompt/completion), an unknown role, no assistant turn, an empty assistant turn, no
-token to train for data.loss_on. A tokenizer without a chat template is refused as well, and a
+`messages` (nor prompt/completion), an unknown field or role, no assistant turn, an empty assistant
+turn, a field the chat template does not render (`chat_render`: it would be dropped), no token to
+train for data.loss_on. A tokenizer without a chat template is refused as well, and a
 held-out split that leaves a side empty. Bounded: the first `MAX_CHECKED` conversations are
 rendered (all of a small file); the conversations are counted in files up to `COUNT_BYTES`.
 
@@ -28,8 +29,9 @@ MAX_CHECKED = 2000
 MAX_REPORTED = 5
 """Bad records reported one by one before the rest are counted."""
 _ALLOWED = (
-    'JSON lines, each {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]} with at '
-    'least one non-empty assistant turn, or {"prompt": "...", "completion": "..."}'
+    'JSON lines, each {"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": "..."}, ...], '
+    '"tools": [...]} with at least one non-empty assistant turn (which may add "reasoning_content" and '
+    '"tool_calls"), or {"prompt": "...", "completion": "..."}; every field rendered by the chat template'
 )
 
 

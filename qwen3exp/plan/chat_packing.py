@@ -21,7 +21,7 @@ from pathlib import Path
 from qwen3exp.config.sections.data import ChatData
 from qwen3exp.errors import Problem
 from qwen3exp.plan import chat_files
-from qwen3exp.plan.chat_render import fit, load_tokenizer, messages_of, packs, records, render
+from qwen3exp.plan.chat_render import fit, load_tokenizer, messages_of, packs, records, render, template_text
 from qwen3exp.plan.data_files import held_out
 
 
@@ -90,7 +90,7 @@ def _fitting(key: tuple, _stamp: tuple, folder: str, seq_len: int, dp: int, frac
 def _sizes(tok, lines: list[str], field: str, loss_on: str, policy: str, seq_len: int) -> list[int | None]:
     """The positions each conversation fills (its tokens less one), None for one the ranks drop."""
     conversations = [messages_of(line, field) for line in lines]
-    texts = [tok.apply_chat_template(m, tokenize=False) for m in conversations]
+    texts = [template_text(tok, c) for c in conversations]
     lengths = [len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]] if texts else []
     out: list[int | None] = []
     for m, n in zip(conversations, lengths, strict=True):

@@ -3,17 +3,24 @@
 Shared by the pre-launch checks and the plan (`qwen3exp.plan.chat_files`) and by the ranks'
 dataset (`qwen3exp.titan.chat_dataset`), so both see the same tokens and the same mask.
 
-A record is one JSON line: `{"messages": [{"role", "content"}, ...]}` (roles system, user, assistant;
-the field is data.messages_field), or `{"prompt", "completion"}` (one user turn, one assistant turn).
+A record is one JSON line (`qwen3exp.plan.chat_records`: the fields, their types): `{"messages":
+[...], "tools": [...]}` (roles system, user, assistant, tool; an assistant turn may carry
+`reasoning_content` and `tool_calls`; the field is data.messages_field), or `{"prompt",
+"completion"}`. The messages go to the template with all their fields and the tools as its `tools`,
+so the tokens are what `tok.apply_chat_template(messages, tools=tools)` gives. A field the template
+does not render (the conversation renders the same without it) is refused (`BadRecord`), never
+dropped: Qwen3's template drops the reasoning of assistant turns before the last user message.
 
 Which tokens are trained (`loss_on`):
-- `assistant`: every assistant turn's content and its end-of-turn token (`<|im_end|>` for Qwen3);
+- `assistant`: every assistant turn as the model writes it: its reasoning (from `<think>` to
+  `</think>`), content and tool calls, and its end-of-turn token (`<|im_end|>` for Qwen3);
 - `last_assistant`: the same for the last assistant turn only;
-- `all`: every token of the rendered conversation.
-Never trained under `assistant`/`last_assistant`: system and user turns, the role headers
-(`<|im_start|>assistant\\n`) and the empty thinking block (`<think>\\n\\n</think>\\n\\n`) the template
-inserts. How a turn's content is found: the conversation is rendered again with that turn's
-content left empty, and the two renderings are diffed. Rendering prefixes (messages[:k]) does not
+- `all`: every token of the rendered conversation (the tools, tool results and user turns too).
+Never trained under `assistant`/`last_assistant`: system, user and tool turns (tool results), the
+tools the system turn lists, the role headers (`<|im_start|>assistant\\n`) and the empty thinking
+block (`<think>\\n\\n</think>\\n\\n`) the template inserts where a turn has no reasoning. How a
+turn is found: the conversation is rendered again with that turn's content, reasoning and tool
+calls left out, and the two renderings are diffed. Rendering prefixes (messages[:k]) does not
 work with Qwen3's template: it gives the last assistant turn a thinking block and older ones none,
 so the rendering of messages[:k] is no prefix of the whole; and diffing token ids misplaces a
 boundary, since a byte-level BPE merges "\\n\\n" before `<|im_end|>` but not before text. The diff is
@@ -27,9 +34,10 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
-ROLES = ("system", "user", "assistant")
+from qwen3exp.plan.chat_records import BadRecord, Conversation, conversation_of
+
 LOSS_ON = ("assistant", "last_assistant", "all")
 T = TypeVar("T")
 
@@ -40,16 +48,6 @@ class Rendered:
 
     ids: list[int]
     trained: list[bool]
-
-
-@dataclass(frozen=True)
-class BadRecord(Exception):
-    """A record the chat loader cannot use: `key` is the record's own key (`messages[2].role`), or
-    the experiment key to blame when `config_key` is set (data.messages_field, data.loss_on)."""
-
-    key: str
-    message: str
-    config_key: str | None = None
 
 
 def chat_files(path: str | Path) -> list[Path]:
@@ -74,41 +72,15 @@ def records(path: str | Path, limit: int | None = None) -> Iterator[tuple[Path, 
                 yield f, i, line
 
 
-def messages_of(line: str, field: str = "messages") -> list[dict[str, str]]:
-    """A record's conversation, or BadRecord naming what is wrong with it."""
+def messages_of(line: str, field: str = "messages") -> Conversation:
+    """A record's conversation (`qwen3exp.plan.chat_records`), or BadRecord naming what is wrong with it."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError as e:
         raise BadRecord("(line)", f"is not JSON ({e.msg})") from None
     if not isinstance(record, dict):
         raise BadRecord("(line)", f"is a JSON {type(record).__name__}, not an object")
-    if field in record:
-        messages = record[field]
-    elif "prompt" in record and "completion" in record:
-        messages = [
-            {"role": "user", "content": record["prompt"]},
-            {"role": "assistant", "content": record["completion"]},
-        ]
-    else:
-        raise BadRecord(
-            field, f"has no {field!r} (nor prompt/completion); its keys: {sorted(record)}", "data.messages_field"
-        )
-    return _checked(messages, field)
-
-
-def _checked(messages: Any, field: str) -> list[dict[str, str]]:
-    if not isinstance(messages, list) or not messages:
-        raise BadRecord(field, "is not a non-empty list of {role, content} objects")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise BadRecord(f"{field}[{i}]", "is not an object with string role and content")
-        if m["role"] not in ROLES:
-            raise BadRecord(f"{field}[{i}].role", f"is {m['role']!r}, not one of {', '.join(ROLES)}")
-        if m["role"] == "assistant" and not m["content"].strip():
-            raise BadRecord(f"{field}[{i}].content", "is an empty assistant turn")
-    if not any(m["role"] == "assistant" for m in messages):
-        raise BadRecord(field, "has no assistant turn")
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+    return conversation_of(record, field)
 
 
 def load_tokenizer(folder: str | Path):
@@ -122,28 +94,74 @@ def load_tokenizer(folder: str | Path):
     return tok
 
 
-def render(tok, messages: list[dict[str, str]], loss_on: str = "assistant") -> Rendered:
+def template_text(tok, conv: Conversation | list[dict], messages: list[dict] | None = None, tools=False) -> str:
+    """The chat template's rendering of `conv` (or of `messages` and `tools` in its place): the
+    messages with all their fields, the tools as the template's `tools`. BadRecord when the template
+    fails on it (its own `raise_exception`, a field of a type it cannot render)."""
+    conv = conv if isinstance(conv, Conversation) else Conversation(list(conv))
+    try:
+        return tok.apply_chat_template(
+            conv.messages if messages is None else messages,
+            tools=conv.tools if tools is False else tools,
+            tokenize=False,
+        )
+    except Exception as e:  # the template is the tokenizer's code run on the record: any failure is the record's
+        raise BadRecord(conv.messages_field, f"fails in the chat template ({type(e).__name__}: {e})") from None
+
+
+def render(tok, conv: Conversation | list[dict], loss_on: str = "assistant") -> Rendered:
     """The conversation's token ids and trained mask (see the module docstring). BadRecord when
-    `loss_on` trains no token of it."""
-    text = tok.apply_chat_template(messages, tokenize=False)
+    `loss_on` trains no token of it, or the template leaves out a field the record gives."""
+    conv = conv if isinstance(conv, Conversation) else Conversation(list(conv))
+    text = template_text(tok, conv)
+    for extra in conv.extras:
+        _check_rendered(tok, conv, extra, text)
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
     if loss_on == "all":
         return Rendered(ids, [True] * len(ids))
-    turns = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
+    turns = [k for k, m in enumerate(conv.messages) if m["role"] == "assistant"]
     if loss_on == "last_assistant":
         turns = turns[-1:]
     trained = [False] * len(ids)
     for k in turns:
-        start, end = _content_span(tok, messages, k, text)
+        start, end = _turn_span(tok, conv, k, text)
         after = [i for i, (s, e) in enumerate(offsets) if s >= end and e > s]
         for i, (s, e) in enumerate(offsets):
             trained[i] = trained[i] or (s < end and e > start)
         if after:
             trained[after[0]] = True  # the end-of-turn token
     if not any(trained):
-        raise BadRecord("messages", f"has no token to train for loss_on={loss_on}", "data.loss_on")
+        raise BadRecord(conv.messages_field, f"has no token to train for loss_on={loss_on}", "data.loss_on")
     return Rendered(ids, trained)
+
+
+def _check_rendered(tok, conv: Conversation, extra: str, text: str) -> None:
+    """BadRecord when the conversation renders the same without `extra` (`tools`, a tool message
+    `messages[3]`, or a message's field `messages[2].reasoning_content`): the template drops it."""
+    messages, tools = conv.messages, conv.tools
+    if extra == "tools":
+        tools = None
+    else:
+        index, _, key = extra[len(conv.messages_field) + 1 :].partition("].")
+        k = int(index.rstrip("]"))
+        if key:
+            messages = [*messages[:k], {f: v for f, v in messages[k].items() if f != key}, *messages[k + 1 :]]
+        else:
+            messages = [*messages[:k], *messages[k + 1 :]]
+    try:
+        same = template_text(tok, conv, messages, tools) == text
+    except BadRecord:
+        same = False  # the template needs it
+    if same:
+        hint = "use a tokenizer whose chat template renders it (Qwen3's own renders reasoning_content, tool_calls, "
+        hint += "tool messages and tools; the bundled tokenizer's none of them), or remove it"
+        if extra.endswith("reasoning_content"):
+            hint = (
+                "Qwen3's own template renders the reasoning of the assistant turns after the last user message only "
+                "(the bundled tokenizer's none): give the earlier turns a record of their own, or remove it"
+            )
+        raise BadRecord(extra, f"is not rendered by the chat template, so it would be dropped without a word; {hint}")
 
 
 def fit(r: Rendered, seq_len: int, policy: str) -> Rendered | None:
@@ -176,25 +194,27 @@ def packs(items: Iterable[T], size: Callable[[T], int], capacity: int) -> Iterat
         yield group
 
 
-def _content_span(tok, messages: list[dict[str, str]], k: int, text: str) -> tuple[int, int]:
-    """Where assistant turn k's content lies in `text` (characters [start, end))."""
-    blank = [*messages[:k], {"role": "assistant", "content": ""}, *messages[k + 1 :]]
-    t0 = tok.apply_chat_template(blank, tokenize=False)
-    n = len(text) - len(t0)
-    if n <= 0:
-        raise BadRecord(f"messages[{k}].content", "does not appear in the chat template's rendering")
-    cp = _common_prefix(text, t0)
-    cs = _common_suffix(text, t0)
-    lo, hi = max(0, len(t0) - cs), min(cp, len(t0))
-    if lo > hi:  # not one insertion (the template moved part of it, e.g. a thinking block): all of the change
-        return cp, len(text) - min(cs, len(t0) - cp)
-    # Where the content begins is ambiguous by the characters it shares with its neighbours (content
-    # ending in "\n" after a header ending in "\n"): prefer where the text is the content itself.
-    content = messages[k]["content"]
-    for q in range(hi, lo - 1, -1):
-        if text[q : q + n] == content:
-            return q, q + n
-    return hi, hi + n
+THINK = "<think>"
+"""Where an assistant turn's reasoning starts (Qwen3): trained with it."""
+SENTINEL = "\x00"
+"""The content of the turn left out: a character no template writes next to a turn, so the diff
+ends exactly where the turn's own text does (an empty turn shares the `<` of `<|im_end|>` with a
+`<think>` or `<tool_call>`, and the newline of a header with content that starts with one)."""
+
+
+def _turn_span(tok, conv: Conversation, k: int, text: str) -> tuple[int, int]:
+    """Where assistant turn k (its reasoning, content and tool calls) lies in `text` ([start, end))."""
+    messages, m = conv.messages, conv.messages[k]
+    blank = [*messages[:k], {"role": "assistant", "content": SENTINEL}, *messages[k + 1 :]]
+    t0 = template_text(tok, conv, blank)
+    start = _common_prefix(text, t0)
+    end = len(text) - min(_common_suffix(text, t0), len(t0) - start, len(text) - start)
+    if end <= start:
+        raise BadRecord(f"{conv.messages_field}[{k}].content", "does not appear in the chat template's rendering")
+    head = text[:start].rstrip()
+    if m.get("reasoning_content") and head.endswith(THINK):
+        start = len(head) - len(THINK)  # the turn's own thinking block opens with its reasoning
+    return start, end
 
 
 def _common_prefix(a: str, b: str) -> int:

@@ -38,8 +38,10 @@ MAX_READ = MAX_CHECKED
 READ_BYTES = 4 * MIB
 """Text read from a .txt or JSON array file at most."""
 _LEGEND = {
-    "assistant": "each assistant turn's content and its end-of-turn token (data.loss_on=assistant)",
-    "last_assistant": "the last assistant turn's content and its end-of-turn token (data.loss_on=last_assistant)",
+    "assistant": "each assistant turn (reasoning, content, tool calls) and its end-of-turn token "
+    "(data.loss_on=assistant)",
+    "last_assistant": "the last assistant turn (reasoning, content, tool calls) and its end-of-turn token "
+    "(data.loss_on=last_assistant)",
     "all": "every token but the first (data.loss_on=all)",
 }
 

@@ -75,13 +75,16 @@ class ChatData(Strict):
     source: Literal["chat"] = "chat"
     path: str | None = None
     """A .jsonl file, or a folder of them: one conversation per line, {"messages": [{"role",
-    "content"}, ...]} (roles system, user, assistant) or {"prompt", "completion"}. null: the small
-    synthetic conversation set shipped with qwen3exp (qwen3exp/assets/chat)."""
+    "content"}, ...], "tools": [...]} (roles system, user, assistant, tool; an assistant turn may add
+    "reasoning_content" and "tool_calls"; "tools" optional) or {"prompt", "completion"}. Every field
+    goes to the chat template, and one it does not render is refused, as is any other field. null:
+    the small synthetic conversation set shipped with qwen3exp (qwen3exp/assets/chat)."""
     messages_field: str = "messages"
     """The field that holds each record's list of messages."""
     loss_on: Literal["assistant", "last_assistant", "all"] = "assistant"
-    """assistant: every assistant turn's content and end-of-turn token; last_assistant: the last
-    assistant turn's only; all: every token of the conversation."""
+    """assistant: every assistant turn as the model writes it (its reasoning, content and tool calls)
+    and its end-of-turn token; last_assistant: the last assistant turn's only; all: every token of the
+    conversation (tools, tool results and user turns too)."""
     max_len_policy: Literal["drop", "truncate"] = "drop"
     """A conversation longer than training.seq_len + 1 tokens: dropped, or cut to that length."""
     pack: bool = False
