@@ -66,7 +66,8 @@ def test_experiment_file_starts_with_its_command_and_why(name):
 
 @pytest.mark.parametrize("name", TRN2)
 def test_trn2_experiment_plans_and_converts_for_neuron(name, tmp_path):
-    from qwen3exp.titan.attention import DocumentSDPAttention
+    from qwen3exp.plan.attention_path import resolve
+    from qwen3exp.titan.attention import CausalSDPAttention, DocumentSDPAttention
     from qwen3exp.titan.job_config import to_torchtitan
 
     exp, prep = plan(name, "platform=neuron")
@@ -80,14 +81,19 @@ def test_trn2_experiment_plans_and_converts_for_neuron(name, tmp_path):
     assert config.compile.backend == "neuron"
     assert config.compile.enable is exp.training.compile
     assert config.comm.init_timeout_seconds == 1800
+    # One conversation per sequence (the SFT experiment): is_causal, no mask; packed text: the document mask.
+    causal = resolve(exp, facts).causal
+    assert causal == (exp.data.source == "chat" and not exp.data.pack)
     match exp.model.backend:
         case "native":
             inner = [layer.attention.inner_attention for layer in config.model_spec.model.layers]
-            assert inner and all(isinstance(a, DocumentSDPAttention.Config) for a in inner)
+            want = CausalSDPAttention.Config if causal else DocumentSDPAttention.Config
+            assert inner and all(isinstance(a, want) for a in inner)
         case "hf":
-            from qwen3exp.titan.hf_model import HFQwen3SdpaModel
+            from qwen3exp.titan.hf_model import HFQwen3CausalSdpaModel, HFQwen3SdpaModel
 
-            assert type(config.model_spec.model) is HFQwen3SdpaModel.Config
+            want = HFQwen3CausalSdpaModel.Config if causal else HFQwen3SdpaModel.Config
+            assert type(config.model_spec.model) is want
     assert config.training.mixed_precision_param == "bfloat16"
     assert config.training.seq_len == exp.training.seq_len
     assert config.dump_folder == str(tmp_path)

@@ -106,8 +106,40 @@ def test_sdpa_document_mask_matches_transformers_per_document(ckpt):
 
 
 def test_hf_backend_parallelize_uses_sum_reductions_on_gloo():
+    from qwen3exp.plan.attention_path import AttentionPath
     from qwen3exp.titan.hf_model import hf_model_spec
 
-    assert hf_model_spec(attention="sdpa", force_sum_reductions=True).parallelize_fn.__name__ == "parallelize"
-    spec = hf_model_spec(attention="flex", force_sum_reductions=False)
+    sdpa, flex = (AttentionPath(kernel, "block_causal", "packed documents") for kernel in ("sdpa", "flex"))
+    assert hf_model_spec(attention=sdpa, force_sum_reductions=True).parallelize_fn.__name__ == "parallelize"
+    spec = hf_model_spec(attention=flex, force_sum_reductions=False)
     assert spec.parallelize_fn.__name__ == "parallelize_hf_transformers"
+
+
+def test_causal_sdpa_passes_no_mask_and_equals_the_mask_path_without_boundaries(ckpt, monkeypatch):
+    """The causal model (one document per row, data.cross_document_attention=true): SDPA gets no mask
+    and is_causal=True (transformers builds none: no positions read for packed sequences); with
+    positions 0..n-1 its logits equal the document-mask model's; with two documents per row the
+    first is unchanged and the second sees the first (cross-document attention)."""
+    from qwen3exp.titan.hf_model import HFQwen3CausalSdpaModel, HFQwen3SdpaModel
+
+    masked = _build(HFQwen3SdpaModel, ckpt, seq_len=24).eval()
+    causal = _build(HFQwen3CausalSdpaModel, ckpt, seq_len=24).eval()
+    causal.load_state_dict(masked.state_dict())
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append((kwargs.get("attn_mask") is None, kwargs.get("is_causal")))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    ids = torch.randint(0, 2048, (2, 24), generator=torch.Generator().manual_seed(0))
+    plain = torch.arange(24).expand(2, 24)
+    packed = torch.cat([torch.arange(10), torch.arange(14)]).expand(2, 24)
+    with torch.no_grad():
+        torch.testing.assert_close(causal(ids, positions=plain), masked(ids, positions=plain), rtol=1e-5, atol=1e-5)
+        calls.clear()
+        across, alone = causal(ids, positions=packed), masked(ids, positions=packed)
+    assert calls and all(c == (True, True) for c in calls[: len(calls) // 2]), calls
+    torch.testing.assert_close(across[:, :10], alone[:, :10], rtol=1e-5, atol=1e-5)
+    assert (across[:, 10:] - alone[:, 10:]).abs().max() > 1e-3

@@ -192,7 +192,7 @@ def test_state_memory_is_the_arithmetic(dtype, nbytes, world, tp):
     assert m.parameters == per_rank * nbytes
     assert m.gradients == per_rank * nbytes
     assert m.optimizer == 2 * per_rank * nbytes
-    assert m.total == m.parameters + m.gradients + m.optimizer + m.fsdp_buffers + m.activations
+    assert m.total == m.parameters + m.gradients + m.optimizer + m.fsdp_buffers + m.activations + m.attention_mask
     assert m.usable == int(m.budget * memory.USABLE_FRACTION)
     assert m.headroom == m.usable - (m.total + m.transients) and m.transients > 0
     assert m.peak == m.total + m.transients + m.retained + m.runtime

@@ -140,11 +140,13 @@ def test_fsdp_over_gloo_needs_sum_reductions(mode, tmp_path):
 
 def test_with_sum_reductions_wraps_parallelize():
     from qwen3exp.config.flavors import FLAVORS
+    from qwen3exp.plan.attention_path import AttentionPath
     from qwen3exp.titan.model import qwen3_model_spec
 
-    spec = qwen3_model_spec(FLAVORS["tiny"], flavor="tiny", attention="sdpa", force_sum_reductions=True)
+    sdpa = AttentionPath("sdpa", "block_causal", "packed documents")
+    spec = qwen3_model_spec(FLAVORS["tiny"], flavor="tiny", attention=sdpa, force_sum_reductions=True)
     assert spec.parallelize_fn.__name__ == "parallelize"
-    spec = qwen3_model_spec(FLAVORS["tiny"], flavor="tiny", attention="sdpa", force_sum_reductions=False)
+    spec = qwen3_model_spec(FLAVORS["tiny"], flavor="tiny", attention=sdpa, force_sum_reductions=False)
     assert spec.parallelize_fn.__name__ == "parallelize_qwen3"
 
 

@@ -31,6 +31,7 @@ from qwen3exp.config.sections.parallelism import DEGREES, Parallelism
 from qwen3exp.config.sections.training import AC_MODES, Training
 from qwen3exp.errors import Problem
 from qwen3exp.kernels.registry import problems as kernel_problems
+from qwen3exp.plan import attention_path as paths
 from qwen3exp.plan.batches import batch_problems
 from qwen3exp.plan.layout_cost import Shape, StepCost, run_step
 from qwen3exp.plan.memory_fit import memory_fit
@@ -160,7 +161,12 @@ def legal_meshes(exp: Experiment, arch: Arch, facts: PlatformFacts, rules: Rules
 
 def attention(exp: Experiment, facts: PlatformFacts) -> str:
     """The attention the run uses: model.attention, `auto` resolved by the platform."""
-    return facts.attention if exp.model.attention == "auto" else exp.model.attention
+    return paths.kernel_of(exp, facts)
+
+
+def attention_path(exp: Experiment, facts: PlatformFacts) -> paths.AttentionPath:
+    """The attention kernel the run uses and whether SDPA takes a mask (`qwen3exp.plan.attention_path`)."""
+    return paths.resolve(exp, facts)
 
 
 def _layout_rules(exp: Experiment, arch: Arch, facts: PlatformFacts, rules: Rules) -> Iterator[list[Problem]]:

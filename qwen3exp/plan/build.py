@@ -30,6 +30,7 @@ from qwen3exp.config.schema import Experiment
 from qwen3exp.config.sections.data import ChatData
 from qwen3exp.errors import ConfigError, Problem
 from qwen3exp.plan import (
+    attention_path,
     auto_resolve,
     chat_files,
     chat_packing,
@@ -239,9 +240,8 @@ def _resolve_stages(
     problems += sample_prompts.problems(exp, files.folder if files else None)
     problems += eval_tasks.problems(exp)  # eval=lm_eval: lm-eval, the export, each task and its data
     problems += tracking.check(exp)
-    problems += experiment_problems(exp, facts) + context_parallel_problems(
-        exp.model, exp.parallelism, attention(exp, facts)
-    )
+    problems += experiment_problems(exp, facts) + attention_path.problems(exp, attention(exp, facts))
+    problems += context_parallel_problems(exp.model, exp.parallelism, attention(exp, facts))
     mesh, ps = mesh_problems(exp.parallelism, exp.launcher, facts)
     problems += ps
     batches = None

@@ -40,6 +40,8 @@ head_dim, f = FFN hidden, k = top_k, F = expert hidden, E = experts):
          chunked loss, 8 chunks; logits and their gradient)
 With pp > 1 a stage holds ceil(L / pp) layers but keeps up to pp micro-batches in flight (1F1B),
 about L layers' worth, so L is used unchanged. Attention keeps no seq_len^2 matrix (`memory_peak`).
+  attention mask = the dense block-causal mask where the run has one (SDPA with document masking;
+                   0 on the causal path and on flex), its own line (`attention_path.mask_bytes`)
 
 The step's peak adds what a step holds only for a moment (`transients`: the chunked loss's head
 gradients and logits, AdamW's temporaries; the reasons, measured, are in `qwen3exp.plan.memory_peak`);
@@ -62,7 +64,7 @@ from dataclasses import asdict, dataclass
 
 from qwen3exp.config.flavors import Arch
 from qwen3exp.config.sections.peft import Lora, Peft
-from qwen3exp.plan import memory_peak
+from qwen3exp.plan import attention_path, memory_peak
 from qwen3exp.units import gib as gib  # re-exported: plan/build.py prints through `memory.gib`
 
 USABLE_FRACTION = 0.9
@@ -227,6 +229,8 @@ class Memory:
     compute_dtype: str
     activation_checkpoint: str
     tokens_per_microbatch: int
+    attention_mask: int = 0
+    """The dense attention mask and the copies SDPA saves of it (in `total`; `attention_path.mask_bytes`)."""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -245,10 +249,12 @@ def estimate(
     trainable: int | None = None,
     runtime: int = 0,
     retained_fraction: float = 0.0,
+    dense_mask: bool = False,
 ) -> Memory:
     """`trainable`: the parameters that train (peft=lora: the adapters'; None: all), sharded like the rest;
     `runtime`, `retained_fraction`: the platform's measure beside the model (`Memory.runtime`) and
-    the part of the model's peak its allocator keeps (`Memory.retained`); 0 for the model alone."""
+    the part of the model's peak its allocator keeps (`Memory.retained`); 0 for the model alone;
+    `dense_mask`: the run's SDPA takes a dense block-causal mask (`attention_path.mask_bytes`)."""
     p = params_per_rank(arch, g)
     t = p if trainable is None else math.ceil(trainable / (g.dp_shard * g.cp * g.tp * g.pp))
     pb, cb = DTYPE_BYTES[param_dtype], DTYPE_BYTES[compute_dtype]
@@ -259,8 +265,9 @@ def estimate(
     per_layer, once = memory_peak.activation_elements_per_token(arch, activation_checkpoint)
     logits = 2 * memory_peak.chunk_bytes(arch, g.tp, tokens)  # the loss's chunks: logits and their gradient
     acts = tokens * (arch.n_layers * per_layer + once) * cb // g.tp + logits
-    total = params + grads + optim + buffers + acts
-    base = acts - logits + memory_peak.mask_bytes(local_batch_size, seq_len)  # the layers' activations
+    mask = attention_path.mask_bytes(dense_mask, local_batch_size, seq_len, cb, arch.n_layers, activation_checkpoint)
+    total = params + grads + optim + buffers + acts + mask
+    base = acts - logits + mask  # the layers' activations
     base += cb * largest_unit(arch, g, blocks_only=True) if sharded else 0  # the last block, for the backward
     step = memory_peak.step_peak(arch, g.tp, trainable is None, tokens, base, params + grads + optim, t)
     top = max(total, step)
@@ -285,4 +292,5 @@ def estimate(
         compute_dtype=compute_dtype,
         activation_checkpoint=activation_checkpoint,
         tokens_per_microbatch=tokens,
+        attention_mask=mask,
     )

@@ -11,7 +11,7 @@ from qwen3exp.config.flavors import Arch
 from qwen3exp.config.schema import Experiment
 from qwen3exp.config.sections.model import HFModel, NativeModel
 from qwen3exp.errors import ConfigError, Problem
-from qwen3exp.plan import memory
+from qwen3exp.plan import attention_path, memory
 from qwen3exp.plan.mesh import Mesh
 from qwen3exp.platforms import PlatformFacts, cpu, cuda, host_problems, neuron
 
@@ -52,6 +52,7 @@ def memory_fit(
         trainable=memory.trainable_of(arch, exp.peft),
         runtime=runtime,
         retained_fraction=retained,
+        dense_mask=attention_path.resolve(exp, facts).dense_mask,
     )
     problems: list[Problem] = []
     if not mem.fits:

@@ -22,10 +22,10 @@ Where the 0.6B-shaped ranks' memory went beyond the plan (2.11x on Qwen3-0.6B), 
   activations and FSDP buffers are freed by then, so it is the peak only where they are small.
 - Memory the allocator keeps: glibc's heap in a CPU rank (inside `HEAD_COPIES`' fit), the CUDA
   caching allocator's reserve (`qwen3exp.platforms.cuda.RESERVED_FRACTION`, not yet measured).
-- Attention keeps no seq_len x seq_len matrix: the CPU's SDPA with a boolean mask runs torch's
-  flash kernel for the CPU (`_scaled_dot_product_flash_attention_for_cpu`), CUDA's flash /
-  memory-efficient kernels likewise; only the dense block-causal mask itself (batch x seq_len^2
-  booleans and its float copy) is held, counted here.
+- Attention keeps no seq_len x seq_len matrix of scores: the CPU's SDPA with a boolean mask runs
+  torch's flash kernel for the CPU (`_scaled_dot_product_flash_attention_for_cpu`), CUDA's flash /
+  memory-efficient kernels likewise; the dense block-causal mask and the copies SDPA saves of it
+  are the plan's own term where the run has one (`qwen3exp.plan.attention_path.mask_bytes`).
 """
 
 from __future__ import annotations
@@ -86,11 +86,6 @@ def head_bytes(arch: Arch, tp: int) -> int:
 def chunk_bytes(arch: Arch, tp: int, tokens: int) -> int:
     """One chunk of the chunked loss's float32 logits (tokens / 8 x vocab / tp)."""
     return math.ceil(tokens / LOSS_CHUNKS) * math.ceil(arch.vocab_size / tp) * 4
-
-
-def mask_bytes(local_batch_size: int, seq_len: int) -> int:
-    """The dense document-causal mask: booleans and the float32 copy SDPA makes of it."""
-    return local_batch_size * seq_len * seq_len * (1 + 4)
 
 
 def step_peak(

@@ -12,6 +12,7 @@ import shlex
 import sys
 
 from qwen3exp.plan import (
+    attention_path,
     chat_files,
     data_figures,
     eval_tasks,
@@ -95,11 +96,12 @@ def _experiment_lines(plan, provenance_diff) -> list[str]:
 
 
 def _platform_lines(plan) -> list[str]:
-    f, m = plan.platform, plan.mesh
+    f, m, t = plan.platform, plan.mesh, plan.exp.training
     lines = [
         f"platform:   {f.name} ({f.reason}); backend {f.dist_backend}, attention {f.attention}, "
         f"memory per rank {_human(f.memory_per_rank_bytes)}"
         + (f", {f.devices_per_node} device(s) per node" if f.devices_per_node is not None else ""),
+        f"attention:  {attention_path.resolve(plan.exp, f).describe(t.local_batch_size, t.seq_len)}",
         f"device:     {f.device_type} ({f.device_name or 'unknown'}"
         f"{'' if f.device_checked else ', not checked: planned from the platform table'}), "
         f"compile backend {f.compile_backend}" + (f", LNC {f.lnc}" if f.lnc else ""),
@@ -157,6 +159,14 @@ def _memory_lines(plan) -> list[str]:
         f"{mem.compute_dtype} + float32 grads",
         f"  activations    {_human(mem.activations):>12}   {mem.tokens_per_microbatch} tokens per micro-batch, "
         f"{mem.compute_dtype}, activation_checkpoint={mem.activation_checkpoint}",
+        *(
+            [
+                f"  attention mask {_human(mem.attention_mask):>12}   dense block-causal mask: booleans + the "
+                f"{mem.compute_dtype} copy SDPA saves in each layer held (none on the causal path)"
+            ]
+            if mem.attention_mask
+            else []
+        ),
         f"  total          {_human(mem.total):>12}",
         f"  transients     {_human(mem.transients):>12}   a step's highest point beyond the total (loss chunks, "
         "head gradients, optimizer temporaries)",

@@ -58,7 +58,7 @@ PER_RUN = "run"
 """`platform.compile_cache_dir=run`: the run directory's own cache."""
 RUN_DIR_CACHE = "neuron_cache"
 KEY_FILE = "key.json"
-KEY_VERSION = 2
+KEY_VERSION = 3
 """Part of every key: a change of what the key holds starts new folders instead of mixing meanings."""
 HASH_CHARS = 12
 PACKAGES = ("torch-neuronx", "neuronx-cc")
@@ -114,6 +114,7 @@ PLANNED_FIELDS: dict[str, frozenset[str]] = {
     "parallelism": frozenset({"dp_replicate", "dp_shard", "tp", "pp", "cp", "ep"}),  # -> the mesh degrees
     "launcher": frozenset({"nnodes", "nproc_per_node"}),  # -> the mesh degrees
     "platform": frozenset({"lnc", "instance_type", "runtime_env"}),  # -> LNC, device, NEURON_CC_FLAGS
+    "data": frozenset({"pack", "cross_document_attention"}),  # -> a dense mask or is_causal (`causal_attention`)
 }
 """Keys in the key through what the plan resolved them to: the architecture, the local batch, the
 mesh and the compiler's facts."""
@@ -135,8 +136,8 @@ INPUT_FIELDS: dict[str, frozenset[str]] = {
     "kernels": frozenset({"name"}),
     "data": frozenset(
         {"source", "eos", "path", "text_field", "name", "files", "split", "subset", "streaming"}
-        | {"messages_field", "loss_on", "max_len_policy", "pack"}
-    ),  # batches of seq_len tokens whatever their source; labels and masks are inputs
+        | {"messages_field", "loss_on", "max_len_policy"}
+    ),  # batches of seq_len tokens whatever their source; labels and positions are inputs
     "eval": frozenset(
         {"kind", "samples", "sample_tokens", "sample_temperature", "sample_seed", "tasks", "num_fewshot"}
         | {"limit", "include_path", "batch_size"}
@@ -168,6 +169,7 @@ def graph_key(exp, arch, mesh, batches, facts: PlatformFacts, environ) -> dict:
     model = _chosen(exp.model, GRAPH_FIELDS["model"])
     if model["attention"] == "auto":
         model["attention"] = facts.attention
+    model["causal_attention"] = exp.data.causal_attention  # SDPA's is_causal, or a dense document mask
     return {
         "key_version": KEY_VERSION,
         "model": model | asdict(arch),

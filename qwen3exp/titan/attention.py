@@ -6,6 +6,11 @@ backward, and varlen needs flash attention. The Trainium walkthrough selects SDP
 keeps torchtitan's packed-document semantics: its Config subclasses `VarlenAttention.Config`, so the
 trainer hands it per-document offsets (`VarlenMetadata`, built eagerly: no compiled block mask), and
 the forward turns them into a dense block-causal mask for `F.scaled_dot_product_attention`.
+
+`CausalSDPAttention` is the path without a mask (`qwen3exp.plan.attention_path`: one conversation per
+sequence, or data.cross_document_attention=true): its Config is not a `VarlenAttention.Config`, so the
+trainer builds no per-document offsets (which cost a host sync per step) and SDPA runs with
+`is_causal=True`, torch's causal kernel, with no `[batch, seq, seq]` mask.
 """
 
 from __future__ import annotations
@@ -44,4 +49,18 @@ class DocumentSDPAttention(Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
         else:  # no positions (e.g. a plain forward in a test): one causal document per row
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=enable_gqa)
+        return out.transpose(1, 2)
+
+
+class CausalSDPAttention(Module):
+    @dataclass(kw_only=True, slots=True)
+    class Config(Module.Config):
+        """A plain Module.Config: the trainer builds no attention masks for it."""
+
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+
+    def forward(self, q_BLNH, k_BLNH, v_BLNH, *, attention_masks=None, scale=None, enable_gqa=False, **kwargs):
+        q, k, v = (t.transpose(1, 2) for t in (q_BLNH, k_BLNH, v_BLNH))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=enable_gqa)
         return out.transpose(1, 2)

@@ -8,6 +8,8 @@ class from `hf_model`'s config.json on the meta device, parallelizes it and init
    BlockMask; FlexAttention has no CPU backward and Trainium selects SDPA. `attention=sdpa` uses
    transformers' own SDPA attention with a dense document-causal mask built from the per-document
    positions, so packed documents never attend to each other (the same mask as the flex path).
+   Where no document boundary needs a mask (`qwen3exp.plan.attention_path`), `HFQwen3CausalSdpaModel`
+   passes no mask at all: transformers' SDPA then calls `is_causal=True`.
 3. Packed documents: the flavor uses `attn_mask_type="block_causal"` (the backend's default
    `causal` lets documents packed into one row attend to each other).
 4. No code from model folders (UPSTREAM BUG, below): the backend passes `trust_remote_code=True`
@@ -29,6 +31,7 @@ from torchtitan.experiments.transformers_modeling_backend import TitanModelConfi
 from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
 from transformers.configuration_utils import PretrainedConfig
 
+from qwen3exp.plan.attention_path import AttentionPath
 from qwen3exp.titan import hf_lora
 from qwen3exp.titan.hf_experts import HFQwen3StateDictAdapter
 from qwen3exp.titan.hf_moe import moe_load_balancing_hook, with_hf_moe_blocks
@@ -173,15 +176,45 @@ class HFQwen3SdpaModel(HFQwen3Model):
         return document_causal_mask(positions)
 
 
-def hf_model_config(*, attention: str):
+CAUSAL_SDPA = "qwen3exp_causal_sdpa"
+"""transformers' own SDPA attention function under a name of its own: transformers builds masks only for
+the implementations it knows (`masking_utils._preprocess_mask_arguments`), so with no mask given it
+builds none, and reads no positions to find packed sequences (a host sync); SDPA gets is_causal=True."""
+
+
+class HFQwen3CausalSdpaModel(HFQwen3SdpaModel):
+    """transformers' SDPA attention with `is_causal=True` and no mask (one document per sequence, or
+    data.cross_document_attention=true)."""
+
+    @dataclass(kw_only=True, slots=True, init=False)
+    class Config(HFQwen3SdpaModel.Config):
+        def __init__(self, model_config, **kwargs):
+            HFTransformerModel.Config.__init__(self, model_config, **kwargs)
+
+        def _configure_hf_attention(self):
+            from transformers import AttentionInterface  # lazy: with the model only
+            from transformers.integrations.sdpa_attention import sdpa_attention_forward  # lazy: the same
+
+            AttentionInterface.register(CAUSAL_SDPA, sdpa_attention_forward)  # transformers' public registry
+            self._titan_injected_model_args["attn_implementation"] = CAUSAL_SDPA
+            self.attn_implementation = CAUSAL_SDPA  # type: ignore[misc]
+            self._attn_implementation = CAUSAL_SDPA  # type: ignore[misc]
+
+    def get_attention_masks(self, positions: torch.Tensor):
+        return None
+
+
+def hf_model_config(*, attention: str, causal: bool = False):
+    """`causal`: the SDPA path without a mask (`qwen3exp.plan.attention_path`)."""
     cls = HFQwen3SdpaModel if attention == "sdpa" else HFQwen3Model
+    cls = HFQwen3CausalSdpaModel if causal else cls
     # Every architecture field stays None so AutoConfig's values (config.json) are used as-is.
     return cls.Config(model_config=TitanModelConfig(attn_mask_type="block_causal"))
 
 
-def hf_model_spec(*, attention: str, force_sum_reductions: bool, lora=None):
+def hf_model_spec(*, attention: AttentionPath, force_sum_reductions: bool, lora=None):
     """torchtitan's model spec; `lora` (a `peft=lora` section): LoRA adapters on transformers'
-    projections, the base frozen (`qwen3exp.titan.hf_lora`)."""
+    projections, the base frozen (`qwen3exp.titan.hf_lora`); `attention`: the kernel and its mask."""
     from torchtitan.experiments.transformers_modeling_backend.parallelize import (  # lazy: the backend's parallelism
         parallelize_hf_transformers,
     )
@@ -197,8 +230,8 @@ def hf_model_spec(*, attention: str, force_sum_reductions: bool, lora=None):
         parallelize = hf_lora.with_adapters(parallelize, lora)
     return ModelSpec(
         name="transformers_modeling_backend",
-        flavor="qwen3exp_" + attention,
-        model=hf_model_config(attention=attention),
+        flavor="qwen3exp_" + attention.kernel,
+        model=hf_model_config(attention=attention.kernel, causal=attention.causal),
         parallelize_fn=parallelize,
         pipelining_fn=pipeline_hf_transformers,
         post_optimizer_build_fn=moe_load_balancing_hook,

@@ -136,7 +136,7 @@ def _model(exp: Experiment, facts: PlatformFacts, arch: Arch):
     """(the Trainer.Config class, its backend's own fields, the model spec) of the experiment's backend."""
     from torchtitan.trainer import Trainer  # lazy: torchtitan in the ranks
 
-    attention = auto_layout.attention(exp, facts)
+    attention = auto_layout.attention_path(exp, facts)  # the kernel, and whether SDPA takes a mask
     match exp.model.backend:
         case "native":
             model_spec = qwen3_model_spec(

@@ -12,9 +12,11 @@ rank imports only once its platform is prepared: torchtitan is imported inside t
 from __future__ import annotations
 
 from qwen3exp.config.flavors import Arch
+from qwen3exp.plan.attention_path import AttentionPath
 
 
-def qwen3_model_config(arch: Arch, *, attention: str, fuse_qkv: bool = True):
+def qwen3_model_config(arch: Arch, *, attention: str, fuse_qkv: bool = True, causal: bool = False):
+    """`causal`: the SDPA path without a mask (`qwen3exp.plan.attention_path`); else the document mask."""
     from torchtitan.models.common import CosSinRoPE, Embedding, Linear  # lazy: torchtitan in the ranks only
     from torchtitan.models.common.nn_modules import RMSNorm  # lazy: the same
     from torchtitan.models.qwen3 import (  # lazy: the same
@@ -27,7 +29,7 @@ def qwen3_model_config(arch: Arch, *, attention: str, fuse_qkv: bool = True):
     )
     from torchtitan.models.qwen3.model import Qwen3Model  # lazy: the same
 
-    from qwen3exp.titan.attention import DocumentSDPAttention  # lazy: subclasses torchtitan's attention
+    from qwen3exp.titan.attention import CausalSDPAttention, DocumentSDPAttention  # lazy: torchtitan's attention
 
     rope = CosSinRoPE.Config(dim=arch.head_dim, max_seq_len=arch.max_seq_len, theta=arch.rope_theta)
     common = dict(
@@ -53,7 +55,7 @@ def qwen3_model_config(arch: Arch, *, attention: str, fuse_qkv: bool = True):
         )
     if attention == "sdpa":
         for layer in layers:
-            layer.attention.inner_attention = DocumentSDPAttention.Config()
+            layer.attention.inner_attention = CausalSDPAttention.Config() if causal else DocumentSDPAttention.Config()
     config = Qwen3Model.Config(
         vocab_size=arch.vocab_size,
         dim=arch.dim,
@@ -73,15 +75,16 @@ def qwen3_model_config(arch: Arch, *, attention: str, fuse_qkv: bool = True):
     return config
 
 
-def qwen3_model_spec(arch: Arch, *, flavor: str, attention: str, force_sum_reductions: bool, lora=None):
+def qwen3_model_spec(arch: Arch, *, flavor: str, attention: AttentionPath, force_sum_reductions: bool, lora=None):
     """torchtitan's model spec; `lora` (a `peft=lora` section): LoRA adapters on a frozen base
-    (`qwen3exp.titan.lora`; q, k and v built as separate projections, as PEFT names them)."""
+    (`qwen3exp.titan.lora`; q, k and v built as separate projections, as PEFT names them); `attention`:
+    the kernel and its mask (`qwen3exp.plan.attention_path`)."""
     from torchtitan.components.optimizer import register_moe_load_balancing_hook  # lazy: torchtitan in the ranks
     from torchtitan.distributed.pipeline_parallel import pipeline_llm  # lazy: the same
     from torchtitan.models.qwen3 import parallelize_qwen3  # lazy: the same
     from torchtitan.protocols.model_spec import ModelSpec  # lazy: the same
 
-    model = qwen3_model_config(arch, attention=attention, fuse_qkv=lora is None)
+    model = qwen3_model_config(arch, attention=attention.kernel, fuse_qkv=lora is None, causal=attention.causal)
     if lora is not None:
         from qwen3exp.titan import lora as adapters  # lazy: imports torchtitan
 

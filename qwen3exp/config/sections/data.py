@@ -10,7 +10,23 @@ from qwen3exp.assets import ASSETS
 from qwen3exp.config.sections.base import PosInt, Strict, tagged
 
 
-class BundledData(Strict):
+class PackedText(Strict):
+    """What the plain-text sources share: documents packed into sequences."""
+
+    cross_document_attention: bool = False
+    """false: each token attends only to the earlier tokens of its own document (a dense block-causal
+    mask on the SDPA path, torchtitan's document BlockMask on flex). true: plain causal attention over
+    the whole sequence, across the packed documents (what the Trainium walkthrough's SDPA does:
+    `is_causal=True`, no mask tensor, torch's causal kernel); positions still restart at each
+    document. model.attention=auto then takes SDPA on every platform; model.attention=flex is refused."""
+
+    @property
+    def causal_attention(self) -> bool:
+        """No document boundary needs a mask (`qwen3exp.plan.attention_path`)."""
+        return self.cross_document_attention
+
+
+class BundledData(PackedText):
     source: Literal["bundled"] = "bundled"
     """The small corpus shipped with qwen3exp (CPython standard-library docstrings)."""
     eos: str | None = None
@@ -18,7 +34,7 @@ class BundledData(Strict):
     end-of-text token (`<|endoftext|>` when the tokenizer has it, else its eos_token)."""
 
 
-class LocalData(Strict):
+class LocalData(PackedText):
     source: Literal["local"] = "local"
     path: str
     """A .jsonl file (one {"text": ...} per line), a .txt file (one document per blank-line
@@ -30,7 +46,7 @@ class LocalData(Strict):
     end-of-text token (`<|endoftext|>` when the tokenizer has it, else its eos_token)."""
 
 
-class HFData(Strict):
+class HFData(PackedText):
     """A Hugging Face dataset read as plain text: by name from the local Hugging Face cache, or
     local files (parquet, jsonl/json, arrow, csv). Exactly one of `name` and `files`."""
 
@@ -92,6 +108,11 @@ class ChatData(Strict):
     in what is left starts the next sequence), each with its own positions from 0 and a document mask,
     so no token attends across a conversation boundary; the tail of a sequence is padded and untrained.
     false: one conversation per sequence, padded."""
+
+    @property
+    def causal_attention(self) -> bool:
+        """One conversation per sequence: no document boundary needs a mask (`qwen3exp.plan.attention_path`)."""
+        return not self.pack
 
     @property
     def location(self) -> str:
