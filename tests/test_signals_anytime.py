@@ -41,7 +41,7 @@ INT, TERM, HUP = signal.SIGINT, signal.SIGTERM, signal.SIGHUP
 # metrics row; "all": the last step's row.
 DRY_GRID = [
     *(("ready", s, (INT,)) for s in (0.0, 0.1, 0.25, 0.45)),
-    *(("check", f, (INT,)) for f in (0.6, 0.75, 0.9)),
+    *(("check", f, (INT,)) for f in (0.8, 0.88, 0.95)),  # the import takes ~3/4 of the way
     *(("dir", s, (INT,)) for s in (0.0, 0.05, 0.15)),
     ("ready", 0.2, (TERM,)),
     ("dir", 0.0, (HUP,)),
@@ -49,7 +49,7 @@ DRY_GRID = [
 ]
 LAUNCH_GRID = [
     *(("ready", s, (INT,)) for s in (0.05, 0.3)),
-    ("check", 0.8, (INT,)),
+    ("check", 0.9, (INT,)),
     *(("dir", s, (INT,)) for s in (0.0, 0.15)),
     ("logs", 0.0, (INT,)),
     ("logs", 0.6, (INT,)),
