@@ -115,14 +115,15 @@ def write_0p6b_checkpoint(folder: Path, *, seed: int = 0, max_shard_size: str = 
 
 
 def peak_rss_ratio(run_dir: Path) -> dict:
-    """The run's measured peak memory per rank next to its plan's per-rank estimate: `measured`
-    (bytes) is the largest `memory_gib` of metrics.jsonl (on the CPU the metrics rank's peak
-    resident set, VmHWM), `estimated` plan.json's `memory.total` (the model, optimizer and
-    activations: no Python/torch runtime), `ratio` measured / estimated."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    peaks = [r["memory_gib"] for r in rows if r.get("memory_gib") is not None]
-    measured = int(max(peaks) * 2**30) if peaks else None
-    estimated = int(json.loads((run_dir / "plan.json").read_text())["memory"]["total"])
+    """The run's measured peak memory per rank next to its plan's: `measured` (bytes) summary.json's
+    `memory_measured_gib` (the largest peak of every rank: on the CPU the rank's resident peak,
+    VmHWM), `estimated` plan.json's `memory.peak` (the plan's figure for that same measure: the
+    step's peak and the rank's runtime), `ratio` measured / estimated (summary.json's
+    `memory_ratio`)."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    gib = summary.get("memory_measured_gib")
+    measured = int(gib * 2**30) if isinstance(gib, (int, float)) else None
+    estimated = int(json.loads((run_dir / "plan.json").read_text())["memory"]["peak"])
     ratio = measured / estimated if measured and estimated else float("nan")
     return {"measured": measured, "estimated": estimated, "ratio": ratio}
 

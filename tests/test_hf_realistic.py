@@ -2,10 +2,10 @@
 published dimensions and 151,936 vocabulary, tied embeddings, 596M parameters) written by
 transformers' `save_pretrained` in several shards with model.safetensors.index.json, loaded with
 hf_roundtrip (hf_load at step 0) on 2 CPU ranks, trained 2 steps, exported sharded and reloaded
-with `AutoModelForCausalLM` offline. The rank's measured peak memory (metrics.jsonl `memory_gib`)
-and the plan's per-rank estimate (plan.json `memory.total`) are printed with their ratio; the
-ratio is only checked to be finite here (tests/bench/bench_hf_0p6b.py measures every rank and
-reports the number).
+with `AutoModelForCausalLM` offline. The ranks' measured peak memory (summary.json
+`memory_measured_gib`, the largest of every rank) and the plan's figure for it (plan.json
+`memory.peak`) are printed with their ratio, which must be within 0.85-1.15 (issue 39; the
+28-layer model is out of the sample tests/bench/bench_memory.py fitted the estimate on).
 
 Sized for CI (2 cores): seq_len 32, local batch 1, 2 steps; parameters and AdamW states stored in
 bfloat16 (half the memory of float32) with float32 compute (bfloat16 matmuls are ~20x slower on
@@ -137,8 +137,10 @@ def test_0p6b_sharded_checkpoint_round_trip(qwen3_0p6b, tmp_path, capsys):
     mem = peak_rss_ratio(run_dir)
     with capsys.disabled():
         print(
-            f"\nQwen3-0.6B-shaped hf_roundtrip, 2 CPU ranks: measured peak (rank 0, metrics.jsonl memory_gib) "
+            f"\nQwen3-0.6B-shaped hf_roundtrip, 2 CPU ranks: measured peak (summary.json memory_measured_gib) "
             f"{mem['measured'] / 2**30:.2f} GiB, plan estimate {mem['estimated'] / 2**30:.2f} GiB per rank, "
             f"ratio {mem['ratio']:.2f}"
         )
-    assert mem["measured"] and mem["estimated"] and math.isfinite(mem["ratio"]) and mem["ratio"] > 0
+    assert mem["measured"] and mem["estimated"], mem
+    assert mem["ratio"] == pytest.approx(s["memory_ratio"])
+    assert 0.85 <= mem["ratio"] <= 1.15, mem

@@ -250,11 +250,13 @@ def estimate(
     runtime: int = 0,
     retained_fraction: float = 0.0,
     dense_mask: bool = False,
+    backend: str = "native",
 ) -> Memory:
     """`trainable`: the parameters that train (peft=lora: the adapters'; None: all), sharded like the rest;
     `runtime`, `retained_fraction`: the platform's measure beside the model (`Memory.runtime`) and
     the part of the model's peak its allocator keeps (`Memory.retained`); 0 for the model alone;
-    `dense_mask`: the run's SDPA takes a dense block-causal mask (`attention_path.mask_bytes`)."""
+    `dense_mask`: the run's SDPA takes a dense block-causal mask (`attention_path.mask_bytes`);
+    `backend`: the model backend, native or hf (`memory_peak.HEAD_COPIES`)."""
     p = params_per_rank(arch, g)
     t = p if trainable is None else math.ceil(trainable / (g.dp_shard * g.cp * g.tp * g.pp))
     pb, cb = DTYPE_BYTES[param_dtype], DTYPE_BYTES[compute_dtype]
@@ -269,7 +271,9 @@ def estimate(
     total = params + grads + optim + buffers + acts + mask
     base = acts - logits + mask  # the layers' activations
     base += cb * largest_unit(arch, g, blocks_only=True) if sharded else 0  # the last block, for the backward
-    step = memory_peak.step_peak(arch, g.tp, trainable is None, tokens, base, params + grads + optim, t)
+    fsdp = g.dp_shard * g.cp
+    state = params + grads + optim
+    step = memory_peak.step_peak(arch, g.tp, trainable is None, tokens, base, state, t, backend=backend, fsdp=fsdp)
     top = max(total, step)
     retained = int(top * retained_fraction)
     usable = int(budget * USABLE_FRACTION)

@@ -5,11 +5,11 @@ warning instead."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from qwen3exp.config.flavors import Arch
 from qwen3exp.config.schema import Experiment
-from qwen3exp.config.sections.model import HFModel, NativeModel
+from qwen3exp.config.sections.model import NativeModel
 from qwen3exp.errors import ConfigError, Problem
 from qwen3exp.plan import attention_path, memory
 from qwen3exp.plan.mesh import Mesh
@@ -37,11 +37,10 @@ def memory_fit(
     host's memory and cores (a dry run adds them to `warnings` instead, as loudly)."""
     t = exp.training
     runtime, retained = MEASURED_BESIDE[facts.name](exp)
-    # model=hf un-ties tied embeddings before FSDP (torchtitan's transformers backend: FSDP2 cannot
-    # share a parameter between units), so its ranks hold an lm_head of their own.
-    held = replace(arch, tied=False) if isinstance(exp.model, HFModel) and arch.tied else arch
+    # model=hf holds tied embeddings tied: torchtitan's transformers backend un-ties them for FSDP
+    # and its init_weights ties them again (measured: lm_head.weight is embed_tokens.weight).
     mem = memory.estimate(
-        held,
+        arch,
         mesh.degrees,
         local_batch_size=t.local_batch_size,
         seq_len=t.seq_len,
@@ -53,6 +52,7 @@ def memory_fit(
         runtime=runtime,
         retained_fraction=retained,
         dense_mask=attention_path.resolve(exp, facts).dense_mask,
+        backend=exp.model.backend,
     )
     problems: list[Problem] = []
     if not mem.fits:

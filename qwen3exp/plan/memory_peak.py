@@ -14,7 +14,8 @@ Where the 0.6B-shaped ranks' memory went beyond the plan (2.11x on Qwen3-0.6B), 
   (the gathered weight, the tp-sharded embedding's dense gradient, gloo's and DTensor's buffers),
   as `HEAD_COPIES` head sizes; a chunk's backward with its logits (`LOSS_CHUNK_COPIES`) is the
   peak instead where the head is small (the tiny models).
-- The model=hf backend un-ties tied embeddings (`qwen3exp.plan.memory_fit` counts its own head).
+- The model=hf backend un-ties tied embeddings for FSDP and re-ties them when it initialises the
+  weights: its ranks hold one vocabulary matrix, as the native ones (`HEAD_COPIES`).
 - Python, torch and torchtitan in a CPU rank's resident memory (~0.9 GiB): the platform's
   `measured_beside` (`qwen3exp.platforms.cpu.MEASURED_RUNTIME_BYTES`).
 - The optimizer step. AdamW's foreach step makes one temporary the size of the trainable shard
@@ -62,12 +63,22 @@ def activation_elements_per_token(arch: Arch, mode: str) -> tuple[int, int]:
     return per_layer, once + 2 * d
 
 
-HEAD_COPIES = {True: 6.5, False: 2.9}
+HEAD_COPIES = {("native", True): 6.0, ("native", False): 4.5, ("hf", True): 4.5, ("hf", False): 4.5}
 """Float32 head-weight sizes (per tp shard, `head_bytes`) a rank holds at the loss phase's peak beyond
-its sharded state and its layers' activations, tied embeddings or not, fitted on
-tests/bench/bench_memory.py's 0.6B-shaped rows. Tied (one FSDP unit, gathered for the whole step,
-which also takes the embedding's dense gradient): 6.45 (dp_shard=2, seq_len 256), 6.67 (dp_shard=2,
-seq_len 2048), 6.40 (tp=2, seq_len 256). Untied (the head its own unit; model=hf unties): 2.86."""
+its sharded state, its layers' activations and the gathered head (`GATHERED_HEAD`), by model backend
+and tied embeddings, fitted on tests/bench/bench_memory.py's in-sample rows (`fitted` there): the
+accumulated chunk gradients of the head weight, the embedding's dense gradient added to it when
+tied, FSDP's reduce-scatter input and output (a copy-in and a copy-out even on one rank), gloo's
+and DTensor's buffers. Native tied (one FSDP unit, gathered for the whole step): 0.6B-2L dp2 s256.
+model=hf tied (the transformers backend unties for FSDP, then re-ties in `init_weights`: measured,
+its lm_head.weight is its embedding's and the optimizer holds one vocabulary matrix): 0.6B-2L hf dp2
+s256; it holds 1.5-1.6 head sizes less than the native loss at the same point, on 1 and on 2 ranks
+(not traced further). Untied (the head its own unit, no embedding gradient in it): 0.6B-2L untied
+dp2 s256, native; model=hf untied is taken equal (not measured)."""
+GATHERED_HEAD = 1.0
+"""The head's all-gathered weight beside the rank's shard (float32 head sizes): (1 - 1/fsdp) of it
+is memory the sharded state does not already count; 0 on one rank, where FSDP's unsharded
+parameter is the shard itself."""
 LOSS_CHUNK_COPIES = 4
 """Float32 chunk-logit-sized tensors alive in one chunk's cross-entropy backward (the logits, the
 log-softmax output, their gradients)."""
@@ -89,14 +100,25 @@ def chunk_bytes(arch: Arch, tp: int, tokens: int) -> int:
 
 
 def step_peak(
-    arch: Arch, tp: int, head_trains: bool, tokens: int, base: int, state: int, trainable_elements: int
+    arch: Arch,
+    tp: int,
+    head_trains: bool,
+    tokens: int,
+    base: int,
+    state: int,
+    trainable_elements: int,
+    *,
+    backend: str = "native",
+    fsdp: int = 1,
 ) -> int:
     """The largest of the step's phases (bytes per rank) beside the plan's total. `base`: the
     activations of the layers (not the loss's chunks), the attention mask and the FSDP unit
     prefetched for the backward; `state`: parameters, gradients and moments; `head_trains`: the
-    head has a gradient (not with peft=lora)."""
+    head has a gradient (not with peft=lora); `backend`: the model backend (`HEAD_COPIES`); `fsdp`:
+    the degree FSDP shards the head over (dp_shard x cp)."""
     head = head_bytes(arch, tp)
-    copies = HEAD_COPIES[arch.tied] if head_trains else 1.0  # peft=lora: the gathered weight, no gradient
+    copies = HEAD_COPIES[backend, arch.tied] if head_trains else 1.0  # peft=lora: the gathered weight, no gradient
+    copies += GATHERED_HEAD * (1 - 1 / fsdp) if head_trains else 0.0
     # The gradient's reduction after the last chunk, or a chunk's backward with its logits (below it
     # by `CHUNK_LOOP_BELOW` head sizes: that chunk's gradient is added, not yet reduced).
     logits = LOSS_CHUNK_COPIES * chunk_bytes(arch, tp, tokens)

@@ -81,44 +81,89 @@ QWEN3_0P6B_MOE_2L = {
     "mlp_only_layers": [],
     "norm_topk_prob": True,
 }
-FOLDERS = {"0p6b": QWEN3_0P6B_2L, "0p6b_moe": QWEN3_0P6B_MOE_2L}
+QWEN3_0P6B_UNTIED_2L = {**QWEN3_0P6B_2L, "tie_word_embeddings": False}
+QWEN3_0P6B_4L = {**QWEN3_0P6B_2L, "num_hidden_layers": 4}
+QWEN3_W768_2L = {
+    **QWEN3_0P6B_2L,
+    "hidden_size": 768,
+    "intermediate_size": 2048,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+}
+FOLDERS = {
+    "0p6b": QWEN3_0P6B_2L,
+    "0p6b_moe": QWEN3_0P6B_MOE_2L,
+    "0p6b_untied": QWEN3_0P6B_UNTIED_2L,
+    "0p6b_4l": QWEN3_0P6B_4L,
+    "w768": QWEN3_W768_2L,
+}
 
 NATIVE, HF = ["model=native"], ["model=hf"]
 TINY = ["experiment=tiny_native"]
 TINY_HF = ["experiment=tiny_hf", "checkpoint=none"]
 DP2, TP2 = ["parallelism.dp_shard=2"], ["parallelism.dp_shard=1", "parallelism.tp=2"]
+ONE = ["launcher.nproc_per_node=1", "parallelism.dp_shard=1"]
+"""One rank (FSDP over a mesh of 1), two sequences of 256: the shape issue 39 measured."""
 
 
-def _big(folder: str, backend: list[str]) -> list[str]:
-    """A 0.6B-shaped folder (`{folder}` is filled in with the work dir), one sequence per rank."""
+def _big(folder: str, backend: list[str], batch: int = 1) -> list[str]:
+    """A 0.6B-shaped folder (`{folder}` is filled in with the work dir), `batch` sequences per rank."""
     flavor = ["model.flavor=auto"] if backend == NATIVE else []
-    return [*backend, *flavor, "model.hf_assets_path={" + folder + "}", "training.local_batch_size=1"]
+    return [*backend, *flavor, "model.hf_assets_path={" + folder + "}", f"training.local_batch_size={batch}"]
 
 
-# (name, overrides): each factor varies at least once against a neighbour row.
-ROWS: list[tuple[str, list[str]]] = [
-    ("tiny dp2 s256", [*TINY, *DP2]),
-    ("tiny tp2 s256", [*TINY, *TP2]),
-    ("tiny dp2 s256 ac=selective", [*TINY, *DP2, "training.activation_checkpoint=selective"]),
-    ("tiny dp2 s256 ac=full", [*TINY, *DP2, "training.activation_checkpoint=full"]),
-    ("tiny dp2 s2048", [*TINY, *DP2, "training.seq_len=2048", "training.local_batch_size=1"]),
-    ("tiny_moe dp2 s256", [*TINY, *DP2, "model.flavor=tiny_moe"]),
-    ("tiny hf dp2 s256", [*TINY_HF, *DP2]),
-    ("tiny hf tp2 s256", [*TINY_HF, *TP2]),
-    ("0.6B-2L dp2 s256", [*_big("0p6b", NATIVE), *DP2, "training.seq_len=256"]),
-    ("0.6B-2L dp2 s2048", [*_big("0p6b", NATIVE), *DP2, "training.seq_len=2048"]),
-    ("0.6B-2L dp2 s2048 ac=selective", [*_big("0p6b", NATIVE), *DP2, "training.seq_len=2048",
-                                        "training.activation_checkpoint=selective"]),
-    ("0.6B-2L dp2 s2048 ac=full", [*_big("0p6b", NATIVE), *DP2, "training.seq_len=2048",
-                                   "training.activation_checkpoint=full"]),
-    ("0.6B-2L tp2 s256", [*_big("0p6b", NATIVE), *TP2, "training.seq_len=256"]),
-    ("0.6B-2L moe dp2 s256", [*_big("0p6b_moe", NATIVE), *DP2, "training.seq_len=256"]),
-    ("0.6B-2L hf dp2 s256", [*_big("0p6b", HF), *DP2, "training.seq_len=256"]),
-    ("0.6B-2L hf dp2 s2048", [*_big("0p6b", HF), *DP2, "training.seq_len=2048"]),
-    ("0.6B-2L hf moe dp2 s256", [*_big("0p6b_moe", HF), *DP2, "training.seq_len=256"]),
+def _ac(mode: str) -> str:
+    return f"training.activation_checkpoint={mode}"
+
+
+RUNTIME, NATIVE_TIED, HF_TIED, UNTIED = (
+    "cpu.MEASURED_RUNTIME_BYTES",
+    "HEAD_COPIES[native, tied]",
+    "HEAD_COPIES[hf, tied]",
+    "HEAD_COPIES[native, untied]",
+)
+OUT = ""
+"""`fitted` of an out-of-sample row: no constant of the estimate was fitted on it."""
+
+# (name, overrides, fitted): each factor varies at least once against a neighbour row. `fitted`
+# names the constants of `qwen3exp.plan.memory_peak` / `qwen3exp.platforms.cpu` the row was
+# fitted on (in sample; the old HEAD_COPIES fit's rows stay marked), OUT for the rest.
+ROWS: list[tuple[str, list[str], str]] = [
+    ("tiny dp2 s256", [*TINY, *DP2], RUNTIME),
+    ("tiny tp2 s256", [*TINY, *TP2], OUT),
+    ("tiny dp2 s256 ac=selective", [*TINY, *DP2, _ac("selective")], OUT),
+    ("tiny dp2 s256 ac=full", [*TINY, *DP2, _ac("full")], OUT),
+    ("tiny dp2 s2048", [*TINY, *DP2, "training.seq_len=2048", "training.local_batch_size=1"], OUT),
+    ("tiny_moe dp2 s256", [*TINY, *DP2, "model.flavor=tiny_moe"], OUT),
+    ("tiny hf dp2 s256", [*TINY_HF, *DP2], RUNTIME),
+    ("tiny hf tp2 s256", [*TINY_HF, *TP2], OUT),
+    ("0.6B-2L dp2 s256", [*_big("0p6b", NATIVE), *DP2, "training.seq_len=256"], NATIVE_TIED),
+    ("0.6B-2L dp2 s2048", [*_big("0p6b", NATIVE), *DP2, "training.seq_len=2048"], NATIVE_TIED),
+    ("0.6B-2L dp2 s2048 ac=selective", [*_big("0p6b", NATIVE), *DP2, "training.seq_len=2048", _ac("selective")], OUT),
+    ("0.6B-2L dp2 s2048 ac=full", [*_big("0p6b", NATIVE), *DP2, "training.seq_len=2048", _ac("full")], OUT),
+    ("0.6B-2L tp2 s256", [*_big("0p6b", NATIVE), *TP2, "training.seq_len=256"], NATIVE_TIED),
+    ("0.6B-2L moe dp2 s256", [*_big("0p6b_moe", NATIVE), *DP2, "training.seq_len=256"], OUT),
+    ("0.6B-2L untied dp2 s256", [*_big("0p6b_untied", NATIVE), *DP2, "training.seq_len=256"], UNTIED),
+    ("0.6B-2L hf dp2 s256", [*_big("0p6b", HF), *DP2, "training.seq_len=256"], HF_TIED),
+    ("0.6B-2L hf dp2 s2048", [*_big("0p6b", HF), *DP2, "training.seq_len=2048"], OUT),
+    ("0.6B-2L hf moe dp2 s256", [*_big("0p6b_moe", HF), *DP2, "training.seq_len=256"], OUT),
+    ("0.6B-2L 1r b2 s256 ac=full", [*_big("0p6b", NATIVE, 2), *ONE, "training.seq_len=256", _ac("full")], OUT),
+    ("0.6B-2L hf 1r b2 s256", [*_big("0p6b", HF, 2), *ONE, "training.seq_len=256", _ac("none")], OUT),
+    ("0.6B-2L hf 1r b2 s256 ac=full", [*_big("0p6b", HF, 2), *ONE, "training.seq_len=256", _ac("full")], OUT),
+    ("0.6B-2L hf 1r b2 s256 ac=selective", [*_big("0p6b", HF, 2), *ONE, "training.seq_len=256", _ac("selective")], OUT),
+    ("0.6B-4L hf 1r s512 ac=selective", [*_big("0p6b_4l", HF), *ONE, "training.seq_len=512", _ac("selective")], OUT),
+    ("w768-2L 1r b2 s256", [*_big("w768", NATIVE, 2), *ONE, "training.seq_len=256", _ac("none")], OUT),
+    ("0.6B-2L moe 1r s256 ac=selective", [*_big("0p6b_moe", NATIVE), *ONE, "training.seq_len=256",
+                                          _ac("selective")], OUT),
+    ("0.6B-2L hf moe 1r s256 ac=full", [*_big("0p6b_moe", HF), *ONE, "training.seq_len=256", _ac("full")], OUT),
 ]  # fmt: skip
-QUICK = ("tiny dp2 s256", "tiny tp2 s256", "tiny hf dp2 s256")
-"""The three rows tests/test_memory_score.py holds."""
+QUICK = ("tiny tp2 s256", "tiny dp2 s256 ac=full", "tiny hf tp2 s256")
+"""The three rows tests/test_memory_score.py trains: out of sample (the runtime was fitted on the dp2 rows)."""
+
+RECORDED: dict[str, tuple[float, str]] = {}
+"""Out-of-sample rows as measured here: name -> (measured GiB per rank, the commit that measured it).
+tests/test_memory_score.py plans each again with the code as it is now and scores it."""
 
 
 def slug(name: str) -> str:
@@ -142,9 +187,11 @@ def folders(workdir: Path) -> dict[str, str]:
 
 def overrides_of(row: list[str], paths: dict[str, str], *, steps: int, platform: str, ranks: int) -> list[str]:
     if ranks == 1:  # one device: the dp_shard=2 / tp=2 rows run unsharded
-        row = [o for o in row if not o.startswith("parallelism.")]
+        row = [o for o in row if not o.startswith(("parallelism.", "launcher.nproc_per_node="))]
     fixed = [f"training.steps={steps}", "training.warmup_steps=1", "validation.enable=false"]
-    fixed += ["metrics.tensorboard=false", f"platform={platform}", f"launcher.nproc_per_node={ranks}"]
+    fixed += ["metrics.tensorboard=false", f"platform={platform}"]
+    if not any(o.startswith("launcher.nproc_per_node=") for o in row):
+        fixed.append(f"launcher.nproc_per_node={ranks}")
     return [o.format(**paths) for o in row] + fixed
 
 
@@ -162,15 +209,27 @@ def train(overrides: list[str], run_dir: Path) -> dict:
         return {"status": f"no summary (see {log})"}
 
 
-def replan(overrides: list[str], summary: dict) -> dict:
-    """The recorded measure against a fresh plan of the same overrides (the estimator as it is now)."""
-    from qwen3exp import api  # lazy: --replan only
+def predicted_gib(overrides: list[str], out: str = "/tmp/qwen3exp-bench-memory-replan") -> float:
+    """The plan's per-rank peak (plan.json `memory.peak`, GiB) for `overrides`, planned in this process
+    by the code as it is now (no training)."""
+    from qwen3exp import api  # lazy: --replan / --recorded only
 
     exp = api.compose([*overrides, "dry_run=true"])
-    predicted = api.plan(exp, "/tmp/qwen3exp-bench-memory-replan").memory.peak / 2**30
+    return api.plan(exp, out).memory.peak / 2**30
+
+
+def replan(overrides: list[str], summary: dict) -> dict:
+    """The recorded measure against a fresh plan of the same overrides (the estimator as it is now)."""
+    predicted = predicted_gib(overrides)
     measured = summary.get("memory_measured_gib")
     ratio = measured / predicted if isinstance(measured, (int, float)) else None
     return {**summary, "memory_predicted_gib": predicted, "memory_ratio": ratio}
+
+
+def recorded(name: str) -> dict:
+    """A RECORDED row as a summary: its measure, no prediction (`replan` adds one)."""
+    gib, commit = RECORDED[name]
+    return {"status": f"recorded at {commit[:10]}", "memory_measured_gib": gib}
 
 
 def main() -> int:
@@ -179,31 +238,43 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/qwen3exp-bench-memory"))
     ap.add_argument("--replan", action="store_true", help="no training: re-plan finished rows")
+    ap.add_argument("--recorded", action="store_true", help="no training: re-plan the RECORDED rows")
     ap.add_argument("--list", action="store_true", help="print the rows and exit")
     ap.add_argument("--platform", default="cpu")
     ap.add_argument("--ranks", type=int, default=2)
     args = ap.parse_args()
-    rows = [r for r in ROWS if not args.rows or r[0] in args.rows.split(",")]
+    rows = [
+        r for r in ROWS if (not args.rows or r[0] in args.rows.split(",")) and (not args.recorded or r[0] in RECORDED)
+    ]
     if args.list:
-        print("\n".join(f"{name}: {' '.join(o)}" for name, o in rows))
+        print(
+            "\n".join(f"{name}: {' '.join(o)}  [{'in: ' + fit if fit else 'out of sample'}]" for name, o, fit in rows)
+        )
         return 0
     paths = folders(args.workdir)
-    print(f"{'row':<32} {'predicted':>10} {'measured':>10} {'ratio':>6}  status (GiB per rank; goal {LOW}-{HIGH})")
+    head = f"{'row':<36} {'sample':<6} {'predicted':>9} {'measured':>9} {'ratio':>6}"
+    print(f"{head}  status (GiB per rank; goal {LOW}-{HIGH})")
     worst: tuple[float, str] | None = None
-    for name, row in rows:
+    for name, row, fit in rows:
         overrides = overrides_of(row, paths, steps=args.steps, platform=args.platform, ranks=args.ranks)
         run_dir = args.workdir / "runs" / slug(name)
         t0 = time.time()
-        if args.replan:
+        if args.recorded:
+            s = replan(overrides, recorded(name))
+        elif args.replan:
             s = replan(overrides, json.loads((run_dir / "summary.json").read_text()))
         else:
             s = train(overrides, run_dir)
         pred, meas = s.get("memory_predicted_gib"), s.get("memory_measured_gib")
         ratio = meas / pred if isinstance(meas, (int, float)) and pred else None
-        cells = [f"{v:>10.3f}" if isinstance(v, float) else f"{'-':>10}" for v in (pred, meas)]
+        cells = [f"{v:>9.3f}" if isinstance(v, float) else f"{'-':>9}" for v in (pred, meas)]
         rtext = f"{ratio:>6.3f}" if ratio else f"{'-':>6}"
         flag = "" if ratio and LOW <= ratio <= HIGH else "  OUT"
-        print(f"{name:<32} {cells[0]} {cells[1]} {rtext}  {s.get('status')} {time.time() - t0:.0f}s{flag}", flush=True)
+        sample = "in" if fit else "out"
+        print(
+            f"{name:<36} {sample:<6} {cells[0]} {cells[1]} {rtext}  {s.get('status')} {time.time() - t0:.0f}s{flag}",
+            flush=True,
+        )
         if ratio and (worst is None or abs(ratio - 1) > abs(worst[0] - 1)):
             worst = (ratio, name)
     if worst is None:
