@@ -5,6 +5,7 @@ otherwise; the plan's memory term for that mask and its `attention:` line.
 - model=native in-process: the causal model's loss equals the mask model's on rows without a
   boundary; on packed rows the mask model's loss is unchanged (each document alone) and the causal
   model's is not (its documents attend to each other);
+- the document mask is built once per step from the positions on the device (no host sync);
 - the torchtitan config each data setting builds (and that the trainer builds no masks for it);
 - the plan: the mask term where the mask exists (its formula), 0 where it does not;
 - cross-document attention with model.attention=flex: exit 2 naming the key (the real command line).
@@ -64,6 +65,27 @@ def test_native_causal_path_gives_the_mask_paths_loss_without_boundaries():
         assert abs(_loss(packed, labels) - _loss(alone, labels)) < 1e-6
         across = _loss(causal(ids, positions=PACKED), labels)
         assert abs(across - _loss(packed, labels)) > 1e-3, across
+
+
+def test_the_document_mask_is_built_on_the_device_once_per_step(monkeypatch):
+    """The native document SDPA's model hands every layer one dense mask built from the positions
+    without reading anything back to the host (torchtitan's per-document offsets read a maximum and
+    loop over nonzero() per row, every step); it is the mask the offsets gave."""
+    from torchtitan.models.common.attention import create_varlen_metadata_for_document  # lazy: torchtitan
+
+    from qwen3exp.titan.attention import document_causal_mask
+
+    masked, _ = _models()
+    want = document_causal_mask(create_varlen_metadata_for_document(PACKED), 2, SEQ, "cpu")[:, None]
+
+    def host_sync(*args, **kwargs):
+        raise AssertionError("a host sync in get_attention_masks")
+
+    for name in ("item", "tolist", "nonzero", "__bool__", "__int__"):
+        monkeypatch.setattr(torch.Tensor, name, host_sync)
+    got = masked.get_attention_masks(positions=PACKED)
+    monkeypatch.undo()
+    assert isinstance(got, torch.Tensor) and got.shape == (2, 1, SEQ, SEQ) and torch.equal(got, want)
 
 
 @pytest.mark.parametrize(

@@ -103,7 +103,8 @@ def mask_bytes(
     dense_mask: bool, local_batch_size: int, seq_len: int, compute_bytes: int, n_layers: int, activation_checkpoint: str
 ) -> int:
     """The plan's memory term for the dense block-causal mask of the SDPA path (0 where the run has
-    none: is_causal, flex): the boolean mask ([batch, 1, seq, seq], a byte an element) and the copy in
+    none: is_causal, flex): the boolean mask ([batch, 1, seq, seq], a byte an element, built once per
+    step and held for it: `qwen3exp.titan.attention.DocumentMaskQwen3Model`) and the copy in
     the compute dtype (`compute_bytes` an element) that `F.scaled_dot_product_attention` converts it
     to and saves for the backward in every layer whose activations are held (activation_checkpoint=
     none: every layer; full, selective: the one block recomputed). No attention scores are

@@ -33,6 +33,7 @@ from transformers.configuration_utils import PretrainedConfig
 
 from qwen3exp.plan.attention_path import AttentionPath
 from qwen3exp.titan import hf_lora
+from qwen3exp.titan.attention import positions_mask
 from qwen3exp.titan.hf_experts import HFQwen3StateDictAdapter
 from qwen3exp.titan.hf_moe import moe_load_balancing_hook, with_hf_moe_blocks
 from qwen3exp.titan.model import with_sum_reductions
@@ -121,16 +122,6 @@ def fix_rotary_inv_freq(model: torch.nn.Module) -> int:
     return fixed
 
 
-def document_causal_mask(positions: torch.Tensor) -> torch.Tensor:
-    """[B, 1, S, S] bool, True where query i may attend key j: same document and j <= i.
-    A document starts where its position is 0 (torchtitan's per-document positions)."""
-    doc = torch.cumsum((positions == 0).to(torch.int32), dim=1)
-    same_doc = doc[:, :, None] == doc[:, None, :]
-    seq = positions.shape[1]
-    causal = torch.ones(seq, seq, dtype=torch.bool, device=positions.device).tril()
-    return (same_doc & causal)[:, None]
-
-
 class HFQwen3Model(HFTransformerModel):
     """The backend's model with RoPE initialised correctly (flex attention), loading its
     config.json without remote code."""
@@ -173,7 +164,7 @@ class HFQwen3SdpaModel(HFQwen3Model):
             self._attn_implementation = "sdpa"  # type: ignore[misc]
 
     def get_attention_masks(self, positions: torch.Tensor):
-        return document_causal_mask(positions)
+        return positions_mask(positions)  # the native SDPA's mask, as dense
 
 
 CAUSAL_SDPA = "qwen3exp_causal_sdpa"

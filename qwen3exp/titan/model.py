@@ -29,7 +29,7 @@ def qwen3_model_config(arch: Arch, *, attention: str, fuse_qkv: bool = True, cau
     )
     from torchtitan.models.qwen3.model import Qwen3Model  # lazy: the same
 
-    from qwen3exp.titan.attention import CausalSDPAttention, DocumentSDPAttention  # lazy: torchtitan's attention
+    from qwen3exp.titan import attention as sdpa  # lazy: subclasses torchtitan's attention and model
 
     rope = CosSinRoPE.Config(dim=arch.head_dim, max_seq_len=arch.max_seq_len, theta=arch.rope_theta)
     common = dict(
@@ -53,10 +53,12 @@ def qwen3_model_config(arch: Arch, *, attention: str, fuse_qkv: bool = True, cau
             moe_comm_backend="standard",
             **common,
         )
+    inner = sdpa.CausalSDPAttention if causal else sdpa.DocumentSDPAttention
     if attention == "sdpa":
         for layer in layers:
-            layer.attention.inner_attention = CausalSDPAttention.Config() if causal else DocumentSDPAttention.Config()
-    config = Qwen3Model.Config(
+            layer.attention.inner_attention = inner.Config()
+    owner = sdpa.DocumentMaskQwen3Model if attention == "sdpa" and not causal else Qwen3Model  # one mask a step
+    config = owner.Config(
         vocab_size=arch.vocab_size,
         dim=arch.dim,
         norm=_qwen3_norm(arch.dim),

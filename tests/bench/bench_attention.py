@@ -2,9 +2,9 @@
 
 One attention layer, forward + backward, of the two SDPA paths (`qwen3exp.plan.attention_path`):
 - block_causal: `qwen3exp.titan.attention.DocumentSDPAttention` on a packed batch (documents of
-  seq/4 tokens), its metadata built as torchtitan's trainer builds it once per step
-  (`create_varlen_metadata_for_document`) and the dense mask built in the layer, as in training;
-  what packed text (the default) and data.pack=true take;
+  seq/4 tokens), its dense mask built from the positions as `DocumentMaskQwen3Model` builds it once
+  per step for every layer (`positions_mask`) and held for the step, as in training; what packed
+  text (the default) and data.pack=true take;
 - causal: `qwen3exp.titan.attention.CausalSDPAttention` (`is_causal=True`, no mask); what one
   conversation per sequence and data.cross_document_attention=true take.
 The shape is Qwen3-4B's per layer as far as two cores allow: local batch 2 (the trn2 experiments'),
@@ -47,15 +47,13 @@ def _inputs(seq: int):
 
 def step(path: str, q, k, v, positions) -> None:
     """One layer's forward and backward on `path` (block_causal or causal), as training runs it."""
-    from torchtitan.models.common.attention import create_varlen_metadata_for_document
-
-    from qwen3exp.titan.attention import CausalSDPAttention, DocumentSDPAttention
+    from qwen3exp.titan.attention import CausalSDPAttention, DocumentSDPAttention, positions_mask
 
     if path == "causal":
         out = CausalSDPAttention(CausalSDPAttention.Config())(q, k, v, enable_gqa=True)
     else:
-        meta = create_varlen_metadata_for_document(positions)  # the trainer's, once per step
-        out = DocumentSDPAttention(DocumentSDPAttention.Config())(q, k, v, attention_masks=meta, enable_gqa=True)
+        mask = positions_mask(positions)  # the model's, once per step
+        out = DocumentSDPAttention(DocumentSDPAttention.Config())(q, k, v, attention_masks=mask, enable_gqa=True)
     out.float().square().mean().backward()
 
 
