@@ -9,7 +9,7 @@ Each adaptation states the upstream behaviour it answers:
    (`get_device_properties`, `memory_stats`, `reset_peak_memory_stats`, ...), which `torch.cpu` lacks.
    `cpu_device.CpuDeviceModule` answers them with the process's real peak resident memory (VmHWM).
 3. Attention. FlexAttention has no CPU backward and torchtitan 0.3.0 rejects `sdpa` for language
-   models: the CPU uses qwen3exp's document-masked SDPA attention (`qwen3exp.titan.attention`).
+   models: the CPU uses qwen3exp's SDPA (document mask or is_causal: `qwen3exp.plan.attention_path`).
 4. FSDP over gloo. torchtitan sets a gradient divide factor, which makes FSDP reduce with
    `ReduceOp.PREMUL_SUM`; gloo rejects it. `force_sum_reductions` makes FSDP use plain SUM (the
    gradient scaling torchtitan does itself is unchanged, so the math is the same).

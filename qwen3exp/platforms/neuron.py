@@ -17,7 +17,8 @@ Each adaptation states the behaviour it answers:
    nccl; `prepare_worker` maps `neuron` to the `neuron` process-group backend registered by
    torch_neuronx, and fails clearly if torch_neuronx registered none.
 3. Attention. FlexAttention has only an inductor lowering and torchtitan refuses to compile it with
-   any other backend: Neuron uses qwen3exp's document-masked SDPA (`qwen3exp.titan.attention`).
+   any other backend: Neuron uses qwen3exp's SDPA (`qwen3exp.titan.attention`: a dense document
+   mask, or `is_causal` where no document boundary needs one, `qwen3exp.plan.attention_path`).
 4. Compilation. `training.compile=true` compiles with the `neuron` dynamo backend (TorchNeuron
    supports mode "default" and no `dynamic=True`; torchtitan passes neither).
 5. Ranks. One rank per logical NeuronCore: NEURON_LOGICAL_NC_CONFIG (platform.lnc, default 2 on

@@ -32,7 +32,8 @@ class PlatformFacts:
     """Ranks per node when launcher.nproc_per_node is null."""
     memory_per_rank_bytes: int
     attention: str
-    """Inner attention kernel: sdpa (dense document mask + F.scaled_dot_product_attention) or flex."""
+    """Inner attention kernel: sdpa (F.scaled_dot_product_attention, with a dense document mask or
+    is_causal: `qwen3exp.plan.attention_path`) or flex."""
     compile_backend: str
     peak_flops_per_rank: float | None
     """For MFU; None where no meaningful peak exists (CPU)."""
