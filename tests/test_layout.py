@@ -55,6 +55,7 @@ RANKS: dict[str, int] = {
     "qwen3exp.config": 1,
     "qwen3exp.platforms": 2,
     "qwen3exp.kernels": 2,
+    "qwen3exp.objectives": 2,
     "qwen3exp.run": 3,
     "qwen3exp.plan": 4,
     "qwen3exp.analysis": 5,

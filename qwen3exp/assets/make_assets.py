@@ -8,7 +8,8 @@ carries a chat template in Qwen3's format (`CHAT_TEMPLATE`), and chat/train.json
 conversations for data=chat (`chat_records`, deterministic, no tokenizer needed).
 
     python -m qwen3exp.assets.make_assets          # everything (retrains the tokenizer)
-    python -m qwen3exp.assets.make_assets chat     # only the chat template and the conversations
+    python -m qwen3exp.assets.make_assets chat     # only the chat template, the conversations and the pairs
+    python -m qwen3exp.assets.make_assets preference  # only the preference pairs (from the conversations)
     python -m qwen3exp.assets.make_assets lm_eval  # only the questions of the bundled lm-eval task
 
 The bundled lm-evaluation-harness task `qwen3exp_tiny` (lm_eval/: its YAML, loader and questions)
@@ -30,6 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "corpus" / "train.jsonl"
 CHAT = HERE / "chat" / "train.jsonl"
+PREFERENCE = HERE / "preference" / "train.jsonl"
 LM_EVAL_QUESTIONS = HERE / "lm_eval" / "qwen3exp_tiny.jsonl"
 LM_EVAL_COUNT = 20
 TOKENIZER_DIR = HERE / "tokenizer"
@@ -189,6 +191,36 @@ def _docstrings() -> list[str]:
     return docs[:MAX_DOCS]
 
 
+def preference_records(conversations: list[list[dict]]) -> list[dict]:
+    """Pairs for data=preference, built honestly from the bundled conversations: the prompt is a
+    conversation up to its last answer, chosen its real last answer, rejected the last answer of the
+    next conversation whose answer differs (a fluent answer to another question)."""
+    answers = [c[-1]["content"] for c in conversations]
+    out = []
+    for i, conv in enumerate(conversations):
+        j = next(
+            k % len(conversations)
+            for k in range(i + 1, i + len(conversations))
+            if answers[k % len(conversations)] != answers[i]
+        )
+        out.append({"prompt": conv[:-1], "chosen": answers[i], "rejected": answers[j]})
+    return out
+
+
+def write_preference_assets() -> None:
+    records = [json.loads(line) for line in CHAT.read_text().splitlines() if line.strip()]
+    conversations = [
+        r["messages"]
+        if "messages" in r
+        else [{"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": r["completion"]}]
+        for r in records
+    ]
+    PREFERENCE.parent.mkdir(parents=True, exist_ok=True)
+    with PREFERENCE.open("w") as f:
+        for r in preference_records(conversations):
+            f.write(json.dumps(r) + "\n")
+
+
 def main() -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # lazy: only to rebuild it
 
@@ -213,6 +245,7 @@ def main() -> None:
     # BOS/EOS come only from tokenizer_config.json in torchtitan's HuggingFaceTokenizer; without it
     # documents would be packed with no separator.
     write_chat_assets()
+    write_preference_assets()
     write_lm_eval_assets()
     # With config.json the folder is also a (weightless) Hugging Face model folder: the `tiny` flavor
     # in Qwen3Config terms, so model=hf and flavor=auto work out of the box.
@@ -223,6 +256,9 @@ def main() -> None:
 if __name__ == "__main__":
     if sys.argv[1:] == ["chat"]:
         write_chat_assets()
+        write_preference_assets()
+    elif sys.argv[1:] == ["preference"]:
+        write_preference_assets()
     elif sys.argv[1:] == ["lm_eval"]:
         write_lm_eval_assets()
     else:

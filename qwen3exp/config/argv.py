@@ -20,7 +20,19 @@ from qwen3exp.config.unparsable import parse_problem, unparsable
 from qwen3exp.errors import ConfigError, Problem, nearby_path
 
 CONFIG_NAME = "config"
-GROUPS = ("model", "parallelism", "kernels", "checkpoint", "platform", "data", "peft", "eval", "launcher", "experiment")
+GROUPS = (
+    "model",
+    "parallelism",
+    "kernels",
+    "checkpoint",
+    "platform",
+    "data",
+    "peft",
+    "objective",
+    "eval",
+    "launcher",
+    "experiment",
+)
 LAUNCHER_TARGET = "hydra_plugins.qwen3exp_launcher.launcher.Qwen3expLauncher"
 """qwen3exp's Hydra launcher (conf: hydra/launcher=qwen3exp): it checks every batch of jobs."""
 LAUNCHER_OVERRIDE = "hydra/launcher=qwen3exp"

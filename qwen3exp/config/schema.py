@@ -26,6 +26,7 @@ from qwen3exp.config.sections.kernels import Kernels
 from qwen3exp.config.sections.launcher import Launcher, LocalLauncher
 from qwen3exp.config.sections.metrics import Metrics
 from qwen3exp.config.sections.model import Model
+from qwen3exp.config.sections.objective import Objective, SftObjective
 from qwen3exp.config.sections.parallelism import Parallelism
 from qwen3exp.config.sections.peft import NoPeft, Peft
 from qwen3exp.config.sections.platform import AutoPlatform, Platform
@@ -51,6 +52,7 @@ class Experiment(Strict):
     platform: Platform = AutoPlatform()
     data: Data = BundledData()
     peft: Peft = NoPeft()
+    objective: Objective = SftObjective()
     eval: Eval = NoEval()
     launcher: Launcher = LocalLauncher()
     metrics: Metrics = Metrics()
@@ -58,7 +60,7 @@ class Experiment(Strict):
     sweep: Sweep = Sweep()
 
     @property
-    def objective(self) -> tuple[str, str]:
+    def sweep_target(self) -> tuple[str, str]:
         """(metric, direction) each job returns to the sweeper (`sweep.objective`, resolved)."""
         metric = self.sweep.objective or ("val_loss" if self.validation.enable else "last_loss")
         return metric, self.sweep.direction_of(metric)
@@ -73,6 +75,7 @@ SECTIONS: dict[str, Any] = {
     "platform": Platform,
     "data": Data,
     "peft": Peft,
+    "objective": Objective,
     "eval": Eval,
     "launcher": Launcher,
     "metrics": Metrics,

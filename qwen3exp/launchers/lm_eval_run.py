@@ -167,7 +167,7 @@ def scores_line(scores: dict[str, float]) -> str:
 def summary_fields(exp: Experiment, done: Evaluation) -> dict:
     """summary.json's `eval` (the scores) and, for an `eval.` objective, the objective with its value
     (summarize computed it without the scores; these fields are written over it)."""
-    metric, direction = exp.objective
+    metric, direction = exp.sweep_target
     fields: dict = {"eval": done.scores}
     if metric.startswith(EVAL_PREFIX):
         value = objective.value_of(metric, last_loss=None, val_loss=None, tokens_per_second=None, scores=done.scores)

@@ -164,7 +164,7 @@ def summarize(
     last_loss = rows[-1]["loss"] if rows else None
     val_loss = val[-1]["val_loss"] if val else None
     tps = objective.mean_tokens_per_second(rows)
-    metric, direction = plan.exp.objective
+    metric, direction = plan.exp.sweep_target
     summary = {
         "status": status,
         "exit_code": exit_code,

@@ -112,7 +112,7 @@ def check_job(
             plan = make_plan(exp, run_dir, overrides=overrides, provenance=provenance, claims_of=override_claims)
         except ConfigError as e:
             problems = e.problems
-            unfit = exp.objective if isinstance(e, DoesNotFit) else None
+            unfit = exp.sweep_target if isinstance(e, DoesNotFit) else None
     if problems:
         sourced = [_with_source(p, provenance) for p in problems]
         if unfit is not None:  # refused only because it does not fit: an adaptive sweep goes on

@@ -54,7 +54,7 @@ def _directions(cfg) -> list[str]:
 
 def direction_problems(master: Master, exp) -> list[Problem]:
     """The sweeper's direction (when it has one) against the objective each job returns."""
-    metric, direction = exp.objective
+    metric, direction = exp.sweep_target
     found = _directions(master.cfg)
     if not found:
         return []

@@ -32,7 +32,6 @@ from qwen3exp.errors import ConfigError, Problem
 from qwen3exp.plan import (
     attention_path,
     auto_resolve,
-    chat_files,
     chat_packing,
     data_figures,
     data_files,
@@ -41,6 +40,7 @@ from qwen3exp.plan import (
     memory,
     model_files,
     placement,
+    preference_files,
     sample_prompts,
     tracking,
 )
@@ -115,7 +115,8 @@ def _section_problems(sections: dict[str, Any]) -> list[Problem]:
         if not isinstance(sections["data"], ChatData):  # data=chat's own checks follow (chat_files)
             problems += data_files.data_problems(sections["data"], sections.get("validation"))
         problems += hf_data_files.hf_problems(sections["data"], sections.get("training"), sections.get("validation"))
-        problems += chat_files.chat_problems(sections["data"], sections.get("validation"), None)  # records only
+        s = sections  # records only:
+        problems += preference_files.record_problems(s["data"], s.get("validation"), None, None, s.get("objective"))
     if all(k in sections for k in ("parallelism", "launcher", "platform")):
         try:
             # The experiment as a whole is invalid, so nothing starts: plan without probing devices.
@@ -233,11 +234,10 @@ def _resolve_stages(
     if not isinstance(exp.data, ChatData):  # data=chat's own checks follow (chat_files)
         problems += data_files.data_problems(exp.data, exp.validation, ranks=None)  # the split: per rank, below
     problems += hf_data_files.hf_problems(exp.data, exp.training, exp.validation)
-    problems += chat_files.chat_problems(
-        exp.data, exp.validation, files.folder if files else None, exp.training.seq_len
-    )
-    problems += data_figures.eos_problems(exp.data, files.folder if files else None)
-    problems += sample_prompts.problems(exp, files.folder if files else None)
+    folder, t = (files.folder if files else None), exp.training
+    problems += preference_files.record_problems(exp.data, exp.validation, folder, t.seq_len, exp.objective, t, exp)
+    problems += data_figures.eos_problems(exp.data, folder)
+    problems += sample_prompts.problems(exp, folder)
     problems += eval_tasks.problems(exp)  # eval=lm_eval: lm-eval, the export, each task and its data
     problems += tracking.check(exp)
     problems += experiment_problems(exp, facts) + attention_path.problems(exp, attention(exp, facts))

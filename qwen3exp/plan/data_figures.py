@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from qwen3exp.assets import CORPUS_DIR
-from qwen3exp.config.sections.data import ChatData
+from qwen3exp.config.sections.data import ChatData, PreferenceData
 from qwen3exp.errors import Problem, did_you_mean
-from qwen3exp.plan import chat_files, chat_packing, hf_data_files
+from qwen3exp.plan import chat_files, chat_packing, hf_data_files, preference_files
 from qwen3exp.plan.data_files import data_files, document_count
 from qwen3exp.plan.hf_data_source import resolve
 from qwen3exp.units import MIB
@@ -70,7 +70,7 @@ def tokenizer_eos(folder: str | Path) -> str | None:
 def separator(data, folder: str | Path | None) -> tuple[str, int] | None:
     """(the token that ends each document, its id) for plain-text data; None for data=chat, without a
     tokenizer folder, or when the token is not in the tokenizer (`eos_problems` says why)."""
-    if isinstance(data, ChatData) or folder is None:
+    if isinstance(data, (ChatData, PreferenceData)) or folder is None:
         return None
     vocab = _vocab(str(folder))
     token = data.eos
@@ -82,7 +82,7 @@ def separator(data, folder: str | Path | None) -> tuple[str, int] | None:
 def eos_problems(data, folder: Path | None) -> list[Problem]:
     """data.eos is not a single token of the run's tokenizer (or, null, the tokenizer has neither
     `<|endoftext|>` nor an eos_token)."""
-    if isinstance(data, ChatData) or folder is None:
+    if isinstance(data, (ChatData, PreferenceData)) or folder is None:
         return []
     try:
         if separator(data, folder) is not None:
@@ -241,6 +241,8 @@ def figures(exp, folder: Path, batches) -> DataFigures:
         ep = chat_files.epochs(s, batches.global_batch_size * steps, exp.validation.held_out)
         figs = DataFigures("chat", s.total, s.tokens, how, ep, None, None, s.trained, s.dropped, s.truncated)
         return _packed(figs, exp, folder, batches) if d.pack else figs
+    if isinstance(d, PreferenceData):
+        return DataFigures("preference", *preference_files.figures(exp, folder, batches.global_batch_size))
     n, tokens, how = _counts(d.model_dump_json(), str(folder), d)
     ep = batches.tokens_per_step * steps / (tokens * share) if tokens else None
     sep = separator(d, folder)
@@ -265,7 +267,7 @@ def plan_lines(plan) -> list[str]:
     f, d = plan.data, plan.exp.data
     if f and f.get("source") == "chat" and d.pack:
         return _pack_lines(plan)
-    if not f or f.get("source") == "chat":
+    if not f or f.get("source") in ("chat", "preference"):
         return []
     b, steps = plan.batches, plan.exp.training.steps
     n = f"{f['documents']:,}" if f["documents"] is not None else "?"

@@ -24,13 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwen3exp.assets import CORPUS_DIR
-from qwen3exp.config.sections.data import ChatData
+from qwen3exp.config.sections.data import ChatData, PreferenceData
 from qwen3exp.plan.chat_files import MAX_CHECKED, conversation_count
 from qwen3exp.plan.chat_render import fit, load_tokenizer, messages_of, records, render
 from qwen3exp.plan.data_figures import separator
 from qwen3exp.plan.data_files import data_files, document_count, held_out
 from qwen3exp.plan.hf_data_files import is_held_out, read_heads
 from qwen3exp.plan.hf_data_source import resolve
+from qwen3exp.plan.preference_pairs import SIDES, fit_pair, pair_of, render_pair
 from qwen3exp.units import MIB
 
 MAX_READ = MAX_CHECKED
@@ -74,7 +75,34 @@ def first_samples(exp, folder: str | Path, count: int) -> Samples:
     found it). Raises what reading the data raises (OSError, ValueError, chat_render.BadRecord)."""
     if isinstance(exp.data, ChatData):
         return _chat(exp, folder, count)
+    if isinstance(exp.data, PreferenceData):
+        return _pairs(exp, folder, count)
     return _text(exp, folder, count)
+
+
+def _pairs(exp, folder: str | Path, count: int) -> Samples:
+    """data=preference: the first pairs' chosen and rejected sides, each a sample of its own."""
+    d, seq_len, tok = exp.data, exp.training.seq_len, load_tokenizer(folder)
+    skipped: list[str] = []
+    held, out = _held(conversation_count(d.location), exp.validation.held_out, "pairs", skipped), list[Sample]()
+    for i, (f, line_no, line) in enumerate(records(d.location, MAX_READ)):
+        fitted = (
+            None
+            if i in held or len(out) >= 2 * count
+            else fit_pair(render_pair(tok, pair_of(line)), seq_len, d.max_len_policy)
+        )
+        for side, r in zip(SIDES, fitted or (), strict=False):
+            trained = [False, *r.trained[1:]]
+            decode = lambda ids: tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)  # noqa: E731
+            out.append(
+                Sample(
+                    f"pair {i + 1}, {side} ({f.name} line {line_no})",
+                    _pieces(decode, r.ids, trained),
+                    len(r.ids),
+                    sum(trained),
+                )
+            )
+    return Samples(f"data=preference: {d.location}", "the final answer and its end-of-turn token", out, skipped)
 
 
 def _pieces(decode, ids: list[int], trained: list[bool]) -> tuple[tuple[str, bool], ...]:

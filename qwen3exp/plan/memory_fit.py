@@ -27,7 +27,7 @@ class DoesNotFit(ConfigError):
     on (`qwen3exp.launchers.batch`), where any other refusal stops the launch."""
 
     objective: tuple[str, str] | None = None
-    """(metric, direction) the refused job would have returned (`Experiment.objective`), when known."""
+    """(metric, direction) the refused job would have returned (`Experiment.sweep_target`), when known."""
 
 
 def memory_fit(

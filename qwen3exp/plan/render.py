@@ -18,6 +18,7 @@ from qwen3exp.plan import (
     eval_tasks,
     hf_data_files,
     memory,
+    preference_files,
     sample_marks,
     sample_prompts,
 )
@@ -225,12 +226,13 @@ def _training_lines(plan) -> list[str]:
         if t.warmup_steps is not None
         else f"derived from training.steps={t.steps}: min(5, max(1, steps // 5)); set training.warmup_steps to choose"
     )
-    metric, direction = plan.exp.objective
+    metric, direction = plan.exp.sweep_target
     return [
         f"batches:    local {b.local_batch_size} x dp {dp} x grad accumulation {b.grad_accum_steps} = global "
         f"{b.global_batch_size} sequences",
         f"tokens:     {b.tokens_per_step:,} per step, {b.tokens_per_rank_per_step:,} per rank per step",
         *chat_files.plan_lines(plan.exp, plan.files.folder, b.global_batch_size),
+        *preference_files.plan_lines(plan.exp, plan.files.folder),
         *hf_data_files.plan_lines(plan.exp),
         *data_figures.plan_lines(plan),
         f"schedule:   {t.steps} steps, lr {t.lr:g}, warm-up {t.warmup} step(s) ({why}), {t.decay_type} decay",

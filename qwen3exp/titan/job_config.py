@@ -19,7 +19,7 @@ from pathlib import Path
 from qwen3exp.assets import CORPUS_DIR
 from qwen3exp.config.flavors import Arch
 from qwen3exp.config.schema import Experiment
-from qwen3exp.config.sections.data import ChatData
+from qwen3exp.config.sections.data import ChatData, PreferenceData
 from qwen3exp.errors import ConfigError, Problem
 from qwen3exp.plan import auto_layout, lora_base, model_files
 from qwen3exp.platforms import PlatformFacts
@@ -70,7 +70,7 @@ def data_path(exp: Experiment) -> Path:
             return CORPUS_DIR
         case "local":
             return Path(exp.data.path)
-        case "chat":
+        case "chat" | "preference":
             return Path(exp.data.location)
         case "hf":  # only named: `dataset.register(hf=...)` reads the files it resolves to
             return Path(exp.data.name or exp.data.files or "")
@@ -125,10 +125,10 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
         # kernels=... : torchtitan applies these in Trainer.__init__, checked before launch.
         override=OverrideConfig(imports=overrides.import_entries(exp.kernels)),
     )
-    if isinstance(exp.data, ChatData):  # conversations: qwen3exp's own loader, not torchtitan's text one
-        from qwen3exp.titan import chat_dataset  # lazy: imports torchtitan
+    if isinstance(exp.data, (ChatData, PreferenceData)):  # qwen3exp's own loaders (pairs: and trainer, loss)
+        from qwen3exp.titan import preference_trainer  # lazy: imports torchtitan
 
-        chat_dataset.use_chat_loaders(config, exp, str(hf_assets_path(exp)))
+        return preference_trainer.own_loaders(config, exp, str(hf_assets_path(exp)))
     return config
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -35,6 +36,9 @@ from torchtitan.tools.logging import logger
 
 from qwen3exp.run import rundir, scorecard
 from qwen3exp.titan import trackers
+
+PAIR_PREFIX = "preference/"
+"""A preference objective's metrics (`qwen3exp.titan.preference_trainer`): written without the prefix."""
 
 
 def finite_row(row: dict) -> dict:
@@ -77,7 +81,7 @@ class JsonlLogger(BaseLogger):
             "mfu": mfu,
             "lr": next((v for k, v in metrics.items() if k.startswith("lr")), None),
             "step_seconds": metrics.get("time_metrics/end_to_end(s)"),
-        }
+        } | {k.removeprefix(PAIR_PREFIX): v for k, v in metrics.items() if k.startswith(PAIR_PREFIX)}
         self._write(row)
 
     def _write(self, row: dict) -> None:
@@ -142,6 +146,8 @@ class JsonlMetricsProcessor(MetricsProcessor):
 
     def __init__(self, config: Config, *, has_quantization: bool = False, **kwargs):
         self._sample_sinks: list = []
+        self.metric_source: Callable[[], dict[str, float]] | None = None
+        """More metrics for each training row (every rank calls it at a logged step)."""
         super().__init__(config, has_quantization=has_quantization or not config.peak_flops_known, **kwargs)
         # Every rank (not only the metrics rank) keeps its own peak for the run's score.
         self._reading = LastReading(self.device_memory_monitor)
@@ -153,6 +159,8 @@ class JsonlMetricsProcessor(MetricsProcessor):
         """torchtitan's training log (every rank calls it at a logged step), then this rank's peak
         memory of the steps since the last one, the very reading the log used
         (`qwen3exp.run.scorecard.RankPeak`), before the next step's allocations."""
+        if self.metric_source is not None:  # a preference objective's pair metrics, summed over the ranks
+            kwargs["extra_metrics"] = {**(kwargs.get("extra_metrics") or {}), **self.metric_source()}
         super().log(step, *args, **kwargs)
         last = self._reading.last
         if self._rank_peak is not None and last is not None:

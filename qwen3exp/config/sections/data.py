@@ -120,7 +120,36 @@ class ChatData(Strict):
         return self.path if self.path is not None else str(ASSETS / "chat")
 
 
-Data = Annotated[BundledData | LocalData | HFData | ChatData, Field(discriminator="source")]
+class PreferenceData(Strict):
+    """Preference pairs for objective=dpo, orpo or simpo: each record a prompt with a chosen and a
+    rejected answer, both rendered by the tokenizer's chat template as chat SFT renders a
+    conversation (`qwen3exp.plan.chat_render`), a completion's log-prob taken over the final
+    assistant turn's trained tokens (its content and end-of-turn token). Each side is one sequence,
+    padded; a batch holds the chosen and the rejected side of each pair next to each other, so
+    training.local_batch_size counts sequences (two per pair) and must be even."""
+
+    source: Literal["preference"] = "preference"
+    path: str | None = None
+    """A .jsonl file, or a folder of them: one pair per line, {"prompt", "chosen", "rejected"}
+    (prompt a string or a list of messages: system, user, earlier assistant turns; chosen and
+    rejected a string or a list of one assistant message), or {"chosen", "rejected"} as whole
+    conversations sharing their prompt (the implicit-prompt format). null: the pairs shipped with
+    qwen3exp (qwen3exp/assets/preference), built from the bundled conversations."""
+    max_len_policy: Literal["drop", "truncate"] = "drop"
+    """A side longer than training.seq_len + 1 tokens: the pair is dropped, or that side cut to that length."""
+
+    @property
+    def causal_attention(self) -> bool:
+        """One sequence per side: no document boundary needs a mask (`qwen3exp.plan.attention_path`)."""
+        return True
+
+    @property
+    def location(self) -> str:
+        """data.path, or the folder of the bundled pairs."""
+        return self.path if self.path is not None else str(ASSETS / "preference")
+
+
+Data = Annotated[BundledData | LocalData | HFData | ChatData | PreferenceData, Field(discriminator="source")]
 
 
 class Validation(Strict):

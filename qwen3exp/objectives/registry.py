@@ -1,0 +1,131 @@
+"""Which objective module an experiment's `objective` section selects, and what it needs.
+
+An objective is one module here, following `ObjectiveModule`: the section class that selects it,
+the data kind it trains on, whether it needs a reference model's log-probs, and its loss on a batch
+of per-sequence log-prob sums and token counts (torch is imported inside the loss only, so the
+launcher reads everything else without torch). A new objective is its module, one entry in
+`OBJECTIVES`, its section class in `qwen3exp.config.sections.objective` and `conf/objective/<name>.yaml`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pydantic import BaseModel
+
+from qwen3exp.errors import Problem
+from qwen3exp.objectives import dpo, orpo, sft, simpo
+
+METRICS = (
+    "rewards_chosen",
+    "rewards_rejected",
+    "reward_margin",
+    "reward_accuracy",
+    "logps_chosen",
+    "logps_rejected",
+)
+"""The per-pair metrics a preference objective logs next to `loss` (each a mean over the step's pairs)."""
+
+
+@dataclass
+class PairLogps:
+    """Per-pair tensors ([pairs]): the policy's summed log-probs of each side's counted tokens, their
+    counts, and the reference's summed log-probs (None where the objective has no reference)."""
+
+    chosen: Any
+    rejected: Any
+    n_chosen: Any
+    n_rejected: Any
+    ref_chosen: Any = None
+    ref_rejected: Any = None
+
+
+class ObjectiveModule(Protocol):
+    @property
+    def SECTION(self) -> type[BaseModel]:
+        """The `objective` section class that selects it."""
+        ...
+
+    @property
+    def DATA(self) -> str:
+        """The data kind it trains on: "sequences" (text, chat) or "pairs" (data=preference)."""
+        ...
+
+    @property
+    def REFERENCE(self) -> bool:
+        """It needs the reference model's log-probs of each side."""
+        ...
+
+    def loss(self, section, lp: PairLogps) -> tuple[Any, dict[str, Any]]:
+        """(the loss of each pair, {metric: per-pair tensor} of `METRICS`); pairs objectives only."""
+        ...
+
+
+OBJECTIVES: tuple[ObjectiveModule, ...] = (sft, dpo, orpo, simpo)
+BY_SECTION: dict[type, ObjectiveModule] = {m.SECTION: m for m in OBJECTIVES}
+
+
+def of(section) -> ObjectiveModule:
+    """The module of an `objective` section."""
+    return BY_SECTION[type(section)]
+
+
+def problems(objective, data, training, exp=None) -> list[Problem]:
+    """The objective and the data kind must agree: pairs for a preference objective, sequences for
+    sft; a batch holds whole pairs (two sequences each). With the whole experiment (`exp`), also
+    what a preference objective does not support yet (`not_yet`)."""
+    module, pairs = of(objective), data.source == "preference"
+    if module.DATA == "pairs" and not pairs:
+        return [
+            Problem(
+                "objective",
+                objective.kind,
+                f"trains on pairs of a chosen and a rejected answer, and data={data.source} has none",
+                "data=preference with objective=dpo, orpo or simpo",
+                "data=preference (data.path: a .jsonl of {prompt, chosen, rejected})",
+            )
+        ]
+    if module.DATA != "pairs" and pairs:
+        return [
+            Problem(
+                "data.source",
+                "preference",
+                f"holds pairs, which objective={objective.kind} does not train on",
+                "objective=dpo, orpo or simpo with data=preference",
+                "objective=dpo",
+            )
+        ]
+    later = not_yet(exp) if exp is not None and module.DATA == "pairs" else []
+    if pairs and training is not None and training.local_batch_size % 2:
+        return later + [
+            Problem(
+                "training.local_batch_size",
+                training.local_batch_size,
+                "holds the chosen and the rejected sequence of each pair side by side, so it must be even",
+                "an even number (2 per pair)",
+            )
+        ]
+    return later
+
+
+def not_yet(exp) -> list[Problem]:
+    """What preference training does not support yet (issue 40's later slices), refused rather than
+    run wrongly: model=hf, pipeline, tensor and context parallelism, validation (held-out pairs),
+    and resumable checkpoints of a full fine-tune with a reference (its frozen copy is not saved)."""
+    kind, out = exp.objective.kind, []
+    later = "not implemented yet for preference objectives"
+    if exp.model.backend != "native":
+        out.append(Problem("model", exp.model.backend, f"objective={kind}: {later}", "model=native"))
+    for key in ("pp", "tp", "cp", "ep"):
+        if getattr(exp.parallelism, key) != 1:
+            value = getattr(exp.parallelism, key)
+            out.append(Problem(f"parallelism.{key}", value, f"objective={kind}: {later}", "1 (FSDP only)"))
+    if exp.validation.enable:
+        out.append(
+            Problem("validation.enable", True, f"objective={kind}: validation on held-out pairs is {later}", "false")
+        )
+    if of(exp.objective).REFERENCE and exp.peft.kind != "lora" and exp.checkpoint.save:
+        why = "a full fine-tune's reference (a frozen copy of the starting weights) is not checkpointed yet"
+        out.append(Problem("checkpoint.save", True, f"objective={kind}: {why}", "false, or peft=lora"))
+    return out

@@ -1,0 +1,121 @@
+"""data=preference in the ranks: a torchtitan dataloader yielding each pair's chosen and rejected
+sequences side by side (rows 2i and 2i + 1 of a batch: training.local_batch_size is even).
+
+Each side is rendered by the run's chat template with chat SFT's mask of the final assistant turn
+(`qwen3exp.plan.preference_pairs`, the code the pre-launch checks and the plan ran), fitted to
+training.seq_len (a pair with a side that does not fit: data.max_len_policy, drop or truncate) and
+laid out as data=chat lays out one conversation (`chat_dataset.sample`: inputs, positions 0..seq_len-1,
+labels the next token where counted, else -100, padding untrained). The pairs are dealt out
+round-robin over the data-parallel ranks, read in file order in the first epoch and reshuffled after
+(as data=chat); the read position (the next pair) is saved with dcp checkpoints.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.utils.data import IterableDataset
+from torchtitan.components.dataloader import ParallelAwareDataloader
+
+from qwen3exp.plan.chat_render import load_tokenizer
+from qwen3exp.plan.preference_pairs import fit_pair, pair_of, render_pair
+from qwen3exp.titan.chat_dataset import ALL, TRAIN, part_of, sample
+
+
+class PreferenceDataset(IterableDataset, Stateful):
+    def __init__(self, config: PreferenceDataLoader.Config, *, seq_len: int, dp_rank: int, dp_world_size: int):
+        self.config, self.seq_len = config, seq_len
+        self._lines = part_of(config.path, config.part, config.fraction)[dp_rank::dp_world_size]
+        self._tok = load_tokenizer(config.tokenizer_path)
+        pad = self._tok.pad_token_id if self._tok.pad_token_id is not None else self._tok.eos_token_id
+        self._pad = int(pad or 0)
+        self._pair_idx = 0
+        self._epoch = 0
+
+    def _order(self) -> list[int]:
+        order = list(range(len(self._lines)))
+        if self._epoch > 0:
+            random.Random(42 + self._epoch).shuffle(order)
+        return order
+
+    def __iter__(self):
+        c = self.config
+        while True:
+            order, yielded = self._order(), False
+            for i in range(self._pair_idx, len(order)):
+                sides = fit_pair(render_pair(self._tok, pair_of(self._lines[order[i]])), self.seq_len, c.max_len_policy)
+                if sides is None:
+                    continue
+                self._pair_idx, yielded = i + 1, True  # a batch holds whole pairs: saved between two pairs
+                for side in sides:
+                    yield sample([side], self.seq_len, self._pad)
+            if not c.infinite:
+                return
+            if not yielded and self._pair_idx == 0:
+                raise ValueError(
+                    f"data=preference: none of this rank's {len(order)} pair(s) of {c.path} fits "
+                    f"training.seq_len={self.seq_len} (data.max_len_policy={c.max_len_policy})"
+                )
+            self._pair_idx, self._epoch = 0, self._epoch + 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pair_idx": self._pair_idx, "epoch": self._epoch}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._pair_idx, self._epoch = state_dict["pair_idx"], state_dict["epoch"]
+
+
+class PreferenceDataLoader(ParallelAwareDataloader):
+    """torchtitan's dataloader over `PreferenceDataset` (built by the trainer)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(ParallelAwareDataloader.Config):
+        path: str = ""
+        """data.path (or the bundled pairs)."""
+        max_len_policy: str = "drop"
+        tokenizer_path: str = ""
+        """The run's tokenizer folder (hf_assets_path): its chat template renders both sides."""
+        part: str = ALL
+        """train or all (the held-out split of validation.fraction, as data=chat)."""
+        fraction: float | None = None
+        infinite: bool = True
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        tokenizer=None,
+        seq_len: int,
+        local_batch_size: int,
+        snapshot_every_n_steps: int | None = 1,
+        **kwargs,
+    ):
+        ds = PreferenceDataset(config, seq_len=seq_len, dp_rank=dp_rank, dp_world_size=dp_world_size)
+        super().__init__(
+            ds,
+            dp_rank=dp_rank,
+            dp_world_size=dp_world_size,
+            num_workers=config.num_workers,
+            persistent_workers=config.persistent_workers,
+            pin_memory=config.pin_memory,
+            prefetch_factor=config.prefetch_factor,
+            snapshot_every_n_steps=snapshot_every_n_steps,
+            batch_size=local_batch_size,
+        )
+
+
+def loader_config(exp, tokenizer_path: str) -> PreferenceDataLoader.Config:
+    """Training's dataloader of data=preference (the training side of the held-out split, if any)."""
+    fraction = exp.validation.held_out
+    return PreferenceDataLoader.Config(
+        path=exp.data.location,
+        max_len_policy=exp.data.max_len_policy,
+        tokenizer_path=tokenizer_path,
+        part=ALL if fraction is None else TRAIN,
+        fraction=fraction,
+    )
