@@ -30,6 +30,7 @@ from dataclasses import dataclass, fields
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 from torchtitan.trainer import Trainer
 
 from qwen3exp.config.sections.data import ChatData, PreferenceData
@@ -86,14 +87,25 @@ class PreferenceTrainer(Trainer):
             p.copy_(c)
             c.copy_(tmp)
 
+    def _reshard(self) -> None:
+        """Drop FSDP's all-gathered copies: a module FSDP keeps unsharded after its forward
+        (reshard_after_forward false: the root and the last block) would otherwise serve the next
+        forward the weights of the other model (its `unshard` is a no-op while unsharded)."""
+        for m in self.model_parts:
+            for sub in m.modules():
+                if isinstance(sub, FSDPModule):
+                    sub.reshard()
+
     def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
         assert not self.parallel_dims.pp_enabled, "refused before launch: pipeline parallelism with a pair objective"
         inputs, labels, extra = self.post_dataloading_process(input_dict, labels)
         if self.loss_fn.module.REFERENCE:
+            self._reshard()
             with self._as_reference(), self.train_context():
                 pred = self.model_parts[0](inputs, **extra)
                 self.loss_fn.reference = row_logps(pred, labels)[0].detach()
                 del pred
+                self._reshard()  # before the policy's weights are swapped back
         return self.fwd_bwd_fn(inputs, labels, global_valid_tokens, extra)
 
     def _metrics(self) -> dict[str, float]:

@@ -1,0 +1,204 @@
+"""objective=dpo|orpo|simpo on data=preference (issue 40, first slice).
+
+- the counted tokens of a pair, one by one: exactly the final answer's content and `<|im_end|>`
+  (never the system or earlier turns, the role header or Qwen3's empty thinking block), the same in
+  the explicit and the implicit-prompt format, and the same rows in the ranks' first batch;
+- bad pairs and objective/data mismatches exit 2 before any worker, naming the record and its key;
+- must show: the step-1 loss and reward_margin of each objective equal the formula on transformers'
+  log-probs of the same weights (1 rank, a fixed pair with a system message and a multi-turn
+  prompt); DPO's step 1 is exactly ln 2 (its reference is the starting policy) and its step 2, after
+  one update, the formula on transformers' log-probs of the step-1 export against the start: with
+  a full fine-tune (a frozen copy) and with LoRA (the base with the adapters off).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from conftest import compose, read_metrics, run_cli
+from hf_fixtures import in_fresh_process, write_checkpoint
+from qwen3exp.assets import TOKENIZER_DIR
+from qwen3exp.config.schema import validate_experiment
+from qwen3exp.plan.chat_records import BadRecord
+from qwen3exp.plan.chat_render import load_tokenizer
+from qwen3exp.plan.preference_pairs import pair_of, render_pair
+
+PROMPT = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "What is 2 plus 3?"},
+    {"role": "assistant", "content": "2 plus 3 is 5."},
+    {"role": "user", "content": "Say hello to Ada."},
+]
+PAIRS = [
+    {"prompt": PROMPT, "chosen": "Hello, Ada!", "rejected": [{"role": "assistant", "content": "The pig is green."}]},
+    {"prompt": "Repeat after me: blue owl", "chosen": "blue owl", "rejected": "7 plus 4 is 11."},
+]
+SEQ_LEN = 96
+
+
+def counted(tok, r) -> str:
+    return tok.decode([t for t, on in zip(r.ids, r.trained, strict=True) if on])
+
+
+def test_counted_tokens_are_exactly_the_final_answer_and_end_of_turn():
+    tok = load_tokenizer(TOKENIZER_DIR)
+    c, r = render_pair(tok, pair_of(json.dumps(PAIRS[0])))
+    assert counted(tok, c) == "Hello, Ada!<|im_end|>" and counted(tok, r) == "The pig is green.<|im_end|>"
+    text = tok.apply_chat_template([*PROMPT, {"role": "assistant", "content": "Hello, Ada!"}], tokenize=False)
+    assert c.ids == tok(text, add_special_tokens=False)["input_ids"]  # the template's own tokens
+    head = text[: text.index("Hello, Ada!")]
+    assert head.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")  # header and empty think: not counted
+    assert tok.decode([t for t, on in zip(c.ids, c.trained, strict=True) if not on]) == head + "\n"
+    implicit = {"chosen": [*PROMPT, {"role": "assistant", "content": "Hello, Ada!"}]}
+    implicit["rejected"] = [*PROMPT, {"role": "assistant", "content": "The pig is green."}]
+    assert render_pair(tok, pair_of(json.dumps(implicit))) == (c, r)
+
+
+@pytest.mark.parametrize(
+    "record, key, message",
+    [
+        ({"prompt": "hi", "chosen": "a"}, "rejected", "is missing"),
+        ({"prompt": "hi", "chosen": "a", "rejected": "a"}, "rejected", "is identical to chosen"),
+        ({"prompt": "hi", "chosen": " ", "rejected": "a"}, "chosen", "is an empty answer"),
+        ({"prompt": "hi", "chosen": "a", "rejected": "b", "score": 1}, "score", "is not a field"),
+        (
+            {
+                "chosen": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
+                "rejected": [{"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}],
+            },
+            "chosen",
+            "shares no prompt with rejected",
+        ),
+        ({"prompt": [{"role": "bot", "content": "x"}], "chosen": "a", "rejected": "b"}, "prompt[0].role", "'bot'"),
+    ],
+)
+def test_bad_pairs_are_named(record, key, message):
+    with pytest.raises(BadRecord) as e:
+        pair_of(json.dumps(record))
+    assert e.value.key == key and message in e.value.message, (e.value.key, e.value.message)
+
+
+def test_objective_and_data_must_agree_and_bad_records_are_named_before_launch(tmp_path):
+    """In process, the launcher's own checks (`qwen3exp.plan.build`): exit-2 problems, no worker."""
+    from qwen3exp.errors import ConfigError
+    from qwen3exp.plan.build import make_plan
+
+    bad = tmp_path / "pairs.jsonl"
+    bad.write_text(
+        json.dumps(PAIRS[0]) + "\n" + json.dumps({"prompt": "x", "chosen": "same", "rejected": "same"}) + "\n"
+    )
+    cases = [
+        (["objective=dpo"], "objective", "data=bundled has none"),
+        (["data=preference", "validation.enable=false"], "data.source", "objective=sft does not train on"),
+        (["experiment=tiny_dpo", f"data.path={bad}"], "data.path", "pairs.jsonl line 2: rejected is identical"),
+        (["experiment=tiny_dpo", "training.local_batch_size=3"], "training.local_batch_size", "must be even"),
+        (["experiment=tiny_dpo", "validation.enable=true"], "validation.enable", "not implemented yet"),
+        (["experiment=tiny_dpo", "peft=none", "checkpoint.save=true"], "checkpoint.save", "not checkpointed yet"),
+    ]
+    for overrides, key, message in cases:
+        exp = validate_experiment(compose(*overrides, "dry_run=true"))
+        with pytest.raises(ConfigError) as e:
+            make_plan(exp, tmp_path / "run")
+        found = [p for p in e.value.problems if p.key == key and message in p.message]
+        assert found, (overrides, [(p.key, p.message) for p in e.value.problems])
+
+
+def test_the_ranks_first_batch_holds_each_pair_side_by_side():
+    from qwen3exp.titan.preference_dataset import PreferenceDataLoader, loader_config  # lazy: imports torchtitan
+
+    exp = validate_experiment(compose("experiment=tiny_dpo"))
+    config = loader_config(exp, str(TOKENIZER_DIR))
+    loader = PreferenceDataLoader(config, dp_world_size=2, dp_rank=1, seq_len=192, local_batch_size=4)
+    inputs, labels = next(iter(loader))
+    tok = load_tokenizer(TOKENIZER_DIR)
+    lines = (TOKENIZER_DIR.parent / "preference" / "train.jsonl").read_text().splitlines()
+    for k, line in enumerate(lines[1::2][:2]):  # rank 1 of 2: pairs 1, 3, ...
+        for side, r in enumerate(render_pair(tok, pair_of(line))):
+            row = 2 * k + side
+            n = len(r.ids) - 1
+            assert inputs["input"][row].tolist()[:n] == r.ids[:-1]
+            want = [t if on else -100 for t, on in zip(r.ids[1:], r.trained[1:], strict=True)]
+            assert labels[row].tolist() == want + [-100] * (192 - n)
+
+
+def pair_logps_here(folders: list[str], rows: list[list[int]], masks: list[list[bool]]) -> list[list[list[float]]]:
+    """transformers' summed log-probs and counts of each row's counted tokens, per model folder
+    (run in a fresh process: `hf_fixtures.in_fresh_process`)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = []
+    for folder in folders:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        sums = []
+        for ids, mask in zip(rows, masks, strict=True):
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([ids[:-1]])).logits[0].float()
+            logp = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+            on = torch.tensor(mask[1:])
+            sums.append([float((logp * on).sum()), float(on.sum())])
+        out.append(sums)
+    return out
+
+
+def formula(kind: str, policy, reference=None) -> tuple[float, float]:
+    """(loss, reward_margin) of one pair by the issue's formulas (TRL's), from (sum, count) rows."""
+    (lc, nc), (lr, nr) = policy
+    ls = lambda x: -math.log1p(math.exp(-x))  # noqa: E731  # logsigmoid
+    if kind == "dpo":
+        (rc, _), (rr, _) = reference
+        c, r = 0.1 * (lc - rc), 0.1 * (lr - rr)
+        return -ls(c - r), c - r
+    mc, mr = lc / nc, lr / nr
+    if kind == "orpo":
+        odds = (mc - mr) - (math.log1p(-math.exp(mc)) - math.log1p(-math.exp(mr)))
+        return -mc - 0.1 * ls(odds), 0.1 * (mc - mr)
+    return -ls(2.0 * (mc - mr) - 0.5), 2.0 * (mc - mr)
+
+
+@pytest.mark.slow  # trains: 4 one-rank runs of 2 steps of a tiny model, transformers in a fresh process
+def test_step_losses_equal_the_formulas_on_transformers_logps(tmp_path):
+    ckpt = write_checkpoint(tmp_path / "ckpt", tied=True, seed=5)
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(p) + "\n" for p in PAIRS))
+    export = ["checkpoint.export=interval", "checkpoint.export_interval=1", "checkpoint.dtype=float32"]
+    variants = {"dpo": ["objective=dpo", "peft=none", *export]}
+    variants["dpo_lora"] = ["objective=dpo", *export, "checkpoint.merge_lora=true"]
+    variants |= {"orpo": ["objective=orpo", "peft=none"], "simpo": ["objective=simpo", "peft=none"]}
+    runs = {}
+    for name, overrides in variants.items():
+        runs[name] = tmp_path / name
+        r = run_cli(
+            "experiment=tiny_dpo", *overrides, "model.flavor=auto", f"model.hf_assets_path={ckpt}",
+            "checkpoint.load=hf", f"data.path={data}", "platform=cpu",
+            "platform.threads_per_rank=1", "launcher.nproc_per_node=1", "training.steps=2",
+            f"training.seq_len={SEQ_LEN}", "training.local_batch_size=2", "training.warmup_steps=1",
+            "training.lr=0.05", "metrics.tensorboard=false", f"hydra.run.dir={runs[name]}",
+        )  # fmt: skip
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    tok = load_tokenizer(ckpt)
+    sides = [render_pair(tok, pair_of(json.dumps(p))) for p in PAIRS]
+    rows = [s.ids for pair in sides for s in pair]
+    masks = [s.trained for pair in sides for s in pair]
+    step1 = {"dpo": runs["dpo"] / "export/step-1", "dpo_lora": runs["dpo_lora"] / "export/step-1/merged"}
+    start, full, lora = in_fresh_process(
+        "test_preference.pair_logps_here", [str(ckpt), str(step1["dpo"]), str(step1["dpo_lora"])], rows, masks
+    )
+    diffs = {}
+    for name in variants:
+        m1, m2 = read_metrics(runs[name])[:2]
+        kind = name.split("_")[0]
+        loss, margin = formula(kind, start[:2], start[:2])
+        diffs[f"{name} step 1"] = max(abs(m1["loss"] - loss), abs(m1["reward_margin"] - margin))
+        if kind == "dpo":
+            assert abs(m1["loss"] - math.log(2)) < 1e-6 and m1["reward_margin"] == 0.0, m1
+            after = full if name == "dpo" else lora
+            loss, margin = formula("dpo", after[2:], start[2:])
+            assert abs(loss - math.log(2)) > 1e-3  # the policy moved: a real check of the reference
+            diffs[f"{name} step 2"] = max(abs(m2["loss"] - loss), abs(m2["reward_margin"] - margin))
+    print("max abs diff to the formula on transformers' log-probs:", diffs)
+    assert max(diffs.values()) < 1e-4, diffs
