@@ -201,3 +201,16 @@ def test_step_losses_equal_the_formulas_on_transformers_logps(tmp_path):
             diffs[f"{name} step 2"] = max(abs(m2["loss"] - loss), abs(m2["reward_margin"] - margin))
     print("max abs diff to the formula on transformers' log-probs:", diffs)
     assert max(diffs.values()) < 1e-4, diffs
+
+
+@pytest.mark.slow  # trains: experiment=tiny_dpo as shipped (2 ranks, FSDP, LoRA, 30 steps of the tiny model)
+def test_tiny_dpo_learns_to_prefer_the_real_answers(tmp_path):
+    r = run_cli("experiment=tiny_dpo", "platform=cpu", "metrics.tensorboard=false", f"hydra.run.dir={tmp_path}")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = read_metrics(tmp_path)
+    assert len(rows) == 30 and set(rows[0]) >= {"loss", "reward_margin", "reward_accuracy", "logps_chosen"}
+    assert abs(rows[0]["loss"] - math.log(2)) < 1e-6  # the reference is the base: adapters off
+    first, last = (sum(r["loss"] for r in part) / len(part) for part in (rows[:5], rows[-5:]))
+    accuracy = sum(r["reward_accuracy"] for r in rows[-5:]) / 5
+    print(f"tiny_dpo: mean loss of steps 1-5 {first:.4f}, of steps 26-30 {last:.4f}; reward accuracy {accuracy:.2f}")
+    assert last < first - 0.05 and accuracy > 0.6, (first, last, accuracy)
