@@ -161,5 +161,7 @@ def test_cross_document_attention_on_flex_exits_2_naming_the_key(tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode == 2 and "Traceback" not in out, out[-3000:]
     assert "data.cross_document_attention = True" in out and "model.attention=sdpa" in out, out[-3000:]
-    r = run_cli("experiment=tiny_sft", "data.cross_document_attention=true", "dry_run=true")
+    r = run_cli(
+        "experiment=tiny_sft", "data.cross_document_attention=true", "dry_run=true", f"hydra.run.dir={tmp_path / 's'}"
+    )
     assert r.returncode == 2 and "data.cross_document_attention" in r.stdout + r.stderr

@@ -255,8 +255,7 @@ def estimate(
     """`trainable`: the parameters that train (peft=lora: the adapters'; None: all), sharded like the rest;
     `runtime`, `retained_fraction`: the platform's measure beside the model (`Memory.runtime`) and
     the part of the model's peak its allocator keeps (`Memory.retained`); 0 for the model alone;
-    `dense_mask`: the run's SDPA takes a dense block-causal mask (`attention_path.mask_bytes`);
-    `backend`: the model backend, native or hf (`memory_peak.HEAD_COPIES`)."""
+    `dense_mask`: SDPA takes a dense mask (`attention_path.mask_bytes`); `backend`: native or hf."""
     p = params_per_rank(arch, g)
     t = p if trainable is None else math.ceil(trainable / (g.dp_shard * g.cp * g.tp * g.pp))
     pb, cb = DTYPE_BYTES[param_dtype], DTYPE_BYTES[compute_dtype]
@@ -271,8 +270,7 @@ def estimate(
     total = params + grads + optim + buffers + acts + mask
     base = acts - logits + mask  # the layers' activations
     base += cb * largest_unit(arch, g, blocks_only=True) if sharded else 0  # the last block, for the backward
-    fsdp = g.dp_shard * g.cp
-    state = params + grads + optim
+    state, fsdp = params + grads + optim, g.dp_shard * g.cp
     step = memory_peak.step_peak(arch, g.tp, trainable is None, tokens, base, state, t, backend=backend, fsdp=fsdp)
     top = max(total, step)
     retained = int(top * retained_fraction)

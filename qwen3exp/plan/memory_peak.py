@@ -69,12 +69,15 @@ its sharded state, its layers' activations and the gathered head (`GATHERED_HEAD
 and tied embeddings, fitted on tests/bench/bench_memory.py's in-sample rows (`fitted` there): the
 accumulated chunk gradients of the head weight, the embedding's dense gradient added to it when
 tied, FSDP's reduce-scatter input and output (a copy-in and a copy-out even on one rank), gloo's
-and DTensor's buffers. Native tied (one FSDP unit, gathered for the whole step): 0.6B-2L dp2 s256.
-model=hf tied (the transformers backend unties for FSDP, then re-ties in `init_weights`: measured,
-its lm_head.weight is its embedding's and the optimizer holds one vocabulary matrix): 0.6B-2L hf dp2
-s256; it holds 1.5-1.6 head sizes less than the native loss at the same point, on 1 and on 2 ranks
-(not traced further). Untied (the head its own unit, no embedding gradient in it): 0.6B-2L untied
-dp2 s256, native; model=hf untied is taken equal (not measured)."""
+and DTensor's buffers. Each fitted on one row, measured 2026-12-06 (VmHWM, forked CPU ranks): native
+tied (one FSDP unit, gathered for the whole step) on 0.6B-2L dp2 s256 (5.893 GiB measured, 5.887
+planned); native untied (the head its own unit, no embedding gradient in it) on 0.6B-2L untied dp2
+s256 (6.18); model=hf tied on 0.6B-2L hf dp2 s256 (5.10). model=hf holds tied embeddings tied (the
+transformers backend unties them for FSDP and re-ties them in `init_weights`: measured, its
+lm_head.weight is its embedding's and its optimizer holds one vocabulary matrix), and 1.5 head
+sizes less than the native loss at the same point, on one rank and on two (not traced further).
+model=hf untied is taken as native untied (not measured). The rows that were not fitted on, and
+their scores: docs/plan.md, tests/test_memory_score.py."""
 GATHERED_HEAD = 1.0
 """The head's all-gathered weight beside the rank's shard (float32 head sizes): (1 - 1/fsdp) of it
 is memory the sharded state does not already count; 0 on one rank, where FSDP's unsharded
