@@ -214,6 +214,7 @@ def test_step_losses_equal_the_formulas_on_transformers_logps(tmp_path):
 def test_tiny_dpo_learns_to_prefer_the_real_answers(tmp_path):
     r = run_cli("experiment=tiny_dpo", "platform=cpu", "metrics.tensorboard=false", f"hydra.run.dir={tmp_path}")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "step 30/30 (100%)  loss " in r.stdout and "  reward acc " in r.stdout, r.stdout[-2000:]  # the console
     rows = read_metrics(tmp_path)
     assert len(rows) == 30 and set(rows[0]) >= {"loss", "reward_margin", "reward_accuracy", "logps_chosen"}
     assert abs(rows[0]["loss"] - math.log(2)) < 1e-6  # the reference is the base: adapters off

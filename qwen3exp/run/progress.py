@@ -6,7 +6,8 @@ logged step.
   they are live lines: rewritten in place on a terminal, one line each in a file.
 - Step lines come from metrics.jsonl, the structured record the metrics rank appends
   (`qwen3exp.titan.metrics`), read as it grows:
-  `step 12/30 (40%)  loss 6.8123  val 6.9021  4,816 tok/s  0.97 GiB  elapsed 0:14  ETA 0:21`.
+  `step 12/30 (40%)  loss 6.8123  val 6.9021  4,816 tok/s  0.97 GiB  elapsed 0:14  ETA 0:21`
+  (a preference objective adds `margin +0.0123  reward acc 0.7500` after the loss).
   The ETA is the remaining steps at the pace measured since the first step this launch saw (the
   first step's own time before that); a validation row adds its own line. Only this launch's steps
   are shown: a resumed run's earlier rows (kept in metrics.jsonl up to its checkpoint) are not.
@@ -152,6 +153,8 @@ class Progress:
         parts = [f"step {step}/{self.total} ({100 * step // max(1, self.total)}%)", f"loss {_num(row.get('loss'))}"]
         if self.val_loss is not None:
             parts.append(f"val {_num(self.val_loss)}")
+        if isinstance(margin := row.get("reward_margin"), int | float):  # a preference objective's pairs
+            parts.append(f"margin {margin:+.4f}  reward acc {_num(row.get('reward_accuracy'))}")
         if isinstance(tps := row.get("tokens_per_second"), int | float):
             parts.append(f"{tps:,.0f} tok/s")
         if isinstance(mem := row.get("memory_gib"), int | float):
