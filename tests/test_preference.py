@@ -222,3 +222,17 @@ def test_tiny_dpo_learns_to_prefer_the_real_answers(tmp_path):
     accuracy = sum(r["reward_accuracy"] for r in rows[-5:]) / 5
     print(f"tiny_dpo: mean loss of steps 1-5 {first:.4f}, of steps 26-30 {last:.4f}; reward accuracy {accuracy:.2f}")
     assert last < first - 0.05 and accuracy > 0.6, (first, last, accuracy)
+
+
+def test_data_show_marks_each_side_of_a_pair():
+    from qwen3exp.plan.data_sample import first_samples
+
+    s = first_samples(validate_experiment(compose("experiment=tiny_dpo")), TOKENIZER_DIR, 1)
+    assert [x.label for x in s.samples] == [
+        "pair 1, chosen (train.jsonl line 1)",
+        "pair 1, rejected (train.jsonl line 1)",
+    ]
+    assert [[text for text, on in x.pieces if on] for x in s.samples] == [
+        ["The pig is green.<|im_end|>"],
+        ["yellow cat<|im_end|>"],
+    ]

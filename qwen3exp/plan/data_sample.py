@@ -81,27 +81,22 @@ def first_samples(exp, folder: str | Path, count: int) -> Samples:
 
 
 def _pairs(exp, folder: str | Path, count: int) -> Samples:
-    """data=preference: the first pairs' chosen and rejected sides, each a sample of its own."""
+    """data=preference: the first `count` pairs, their chosen and rejected sides each a sample."""
     d, seq_len, tok = exp.data, exp.training.seq_len, load_tokenizer(folder)
     skipped: list[str] = []
     held, out = _held(conversation_count(d.location), exp.validation.held_out, "pairs", skipped), list[Sample]()
+
+    def decode(ids: list[int]) -> str:
+        return tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
     for i, (f, line_no, line) in enumerate(records(d.location, MAX_READ)):
-        fitted = (
-            None
-            if i in held or len(out) >= 2 * count
-            else fit_pair(render_pair(tok, pair_of(line)), seq_len, d.max_len_policy)
-        )
+        if len(out) >= 2 * count:
+            break
+        fitted = None if i in held else fit_pair(render_pair(tok, pair_of(line)), seq_len, d.max_len_policy)
         for side, r in zip(SIDES, fitted or (), strict=False):
             trained = [False, *r.trained[1:]]
-            decode = lambda ids: tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)  # noqa: E731
-            out.append(
-                Sample(
-                    f"pair {i + 1}, {side} ({f.name} line {line_no})",
-                    _pieces(decode, r.ids, trained),
-                    len(r.ids),
-                    sum(trained),
-                )
-            )
+            label = f"pair {i + 1}, {side} ({f.name} line {line_no})"
+            out.append(Sample(label, _pieces(decode, r.ids, trained), len(r.ids), sum(trained)))
     return Samples(f"data=preference: {d.location}", "the final answer and its end-of-turn token", out, skipped)
 
 
