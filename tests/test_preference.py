@@ -236,3 +236,19 @@ def test_data_show_marks_each_side_of_a_pair():
         ["The pig is green.<|im_end|>"],
         ["yellow cat<|im_end|>"],
     ]
+
+
+def test_gamma_is_simpo_only_and_a_separate_reference_is_refused():
+    from qwen3exp.errors import ConfigError
+
+    assert validate_experiment(compose("objective=simpo", "objective.gamma=1")).objective.gamma == 1.0
+    for overrides, key in [
+        (["objective=dpo", "objective.gamma=1"], "objective.gamma"),  # the command line (Hydra's struct mode)
+        (["objective=dpo", "objective.reference=Qwen/Qwen3-0.6B"], "objective.reference"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            validate_experiment(compose(*overrides))
+        assert [p.key for p in e.value.problems] == [key], e.value.problems
+    with pytest.raises(ConfigError) as e:  # an experiment file or the Python API: pydantic's extra=forbid
+        validate_experiment({**compose("objective=dpo"), "objective": {"kind": "dpo", "gamma": 1.0}})
+    assert [p.key for p in e.value.problems] == ["objective.gamma"], e.value.problems
