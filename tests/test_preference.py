@@ -20,7 +20,7 @@ import math
 
 import pytest
 
-from conftest import compose, read_metrics, run_cli
+from conftest import compose, read_metrics, read_validation, run_cli
 from hf_fixtures import in_fresh_process, write_checkpoint
 from qwen3exp.assets import TOKENIZER_DIR
 from qwen3exp.config.schema import validate_experiment
@@ -97,7 +97,6 @@ def test_objective_and_data_must_agree_and_bad_records_are_named_before_launch(t
         (["data=preference", "validation.enable=false"], "data.source", "objective=sft does not train on"),
         (["experiment=tiny_dpo", f"data.path={bad}"], "data.path", "pairs.jsonl line 2: rejected is identical"),
         (["experiment=tiny_dpo", "training.local_batch_size=3"], "training.local_batch_size", "must be even"),
-        (["experiment=tiny_dpo", "validation.enable=true"], "validation.enable", "not implemented yet"),
         (["experiment=tiny_dpo", "peft=none", "checkpoint.save=true"], "checkpoint.save", "not checkpointed yet"),
     ]
     for overrides, key, message in cases:
@@ -111,7 +110,7 @@ def test_objective_and_data_must_agree_and_bad_records_are_named_before_launch(t
 def test_the_ranks_first_batch_holds_each_pair_side_by_side():
     from qwen3exp.titan.preference_dataset import PreferenceDataLoader, loader_config  # lazy: imports torchtitan
 
-    exp = validate_experiment(compose("experiment=tiny_dpo"))
+    exp = validate_experiment(compose("experiment=tiny_dpo", "validation.enable=false"))  # no held-out split
     config = loader_config(exp, str(TOKENIZER_DIR))
     loader = PreferenceDataLoader(config, dp_world_size=2, dp_rank=1, seq_len=192, local_batch_size=4)
     inputs, labels = next(iter(loader))
@@ -186,7 +185,8 @@ def test_step_losses_equal_the_formulas_on_transformers_logps(tmp_path):
             "experiment=tiny_dpo", *overrides, "model.flavor=auto", f"model.hf_assets_path={ckpt}",
             "checkpoint.load=hf", f"data.path={data}", "platform=cpu", "platform.threads_per_rank=1",
             "training.steps=2", f"training.seq_len={SEQ_LEN}", "training.local_batch_size=2",
-            "training.warmup_steps=1", "training.lr=0.05", "metrics.tensorboard=false", f"hydra.run.dir={runs[name]}",
+            "training.warmup_steps=1", "training.lr=0.05", "validation.enable=false", "metrics.tensorboard=false",
+            f"hydra.run.dir={runs[name]}",
         )  # fmt: skip
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     tok = load_tokenizer(ckpt)
@@ -222,6 +222,10 @@ def test_tiny_dpo_learns_to_prefer_the_real_answers(tmp_path):
     accuracy = sum(r["reward_accuracy"] for r in rows[-5:]) / 5
     print(f"tiny_dpo: mean loss of steps 1-5 {first:.4f}, of steps 26-30 {last:.4f}; reward accuracy {accuracy:.2f}")
     assert last < first - 0.05 and accuracy > 0.6, (first, last, accuracy)
+    val = read_validation(tmp_path)  # the held-out pairs: loss and reward accuracy at steps 1, 15, 30
+    print("tiny_dpo validation:", [(v["step"], round(v["val_loss"], 4), v["val_reward_accuracy"]) for v in val])
+    assert [v["step"] for v in val] == [1, 15, 30]
+    assert val[-1]["val_loss"] < val[0]["val_loss"] and val[-1]["val_reward_accuracy"] > val[0]["val_reward_accuracy"]
 
 
 def test_data_show_marks_each_side_of_a_pair():

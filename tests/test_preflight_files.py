@@ -210,6 +210,7 @@ _UNION_TAGS = {
     "data": "source",
     "launcher": "kind",
     "peft": "kind",
+    "objective": "kind",
     "eval": "kind",
 }
 

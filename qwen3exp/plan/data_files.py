@@ -28,6 +28,7 @@ from pathlib import Path
 
 from qwen3exp.assets import CORPUS_DIR
 from qwen3exp.errors import Problem, nearby_path
+from qwen3exp.plan.chat_render import chat_files, records
 from qwen3exp.plan.data_records import check_json, check_text
 from qwen3exp.units import MIB
 
@@ -92,18 +93,29 @@ def split_problems(data, validation, ranks: int = 1) -> list[Problem]:
     """A held-out split (validation.fraction of data.path, or of the bundled corpus) that leaves a
     side fewer documents than the `ranks` data-parallel ranks (before the mesh is known: 1, a side
     empty), or data.path fewer documents than ranks: a rank would read none and fail mid-run."""
-    if data.source not in ("local", "bundled"):
+    if data.source == "preference":  # pairs, dealt out to the ranks as data=chat's conversations
+        path, of, unit, n = data.location, "data.path" if data.path else "the bundled pairs", "pair", _pairs(data)
+    elif data.source in ("local", "bundled"):
+        path, of = (data.path, "data.path") if data.source == "local" else (CORPUS_DIR, "the bundled corpus")
+        unit, n = "document", document_count(path)
+    else:
         return []
-    path, of = (data.path, "data.path") if data.source == "local" else (CORPUS_DIR, "the bundled corpus")
-    n = document_count(path)
     if n is None:
         return []
     if validation is not None and validation.held_out is not None:
-        return fraction_problems(n, validation.fraction, "document", of, ranks)
+        return fraction_problems(n, validation.fraction, unit, of, ranks)
     if n >= ranks:
         return []
-    why = f"holds {n} document(s) for {ranks} data-parallel ranks: a rank would read none"
-    return [Problem("data.path", str(path), why, f"at least {ranks} documents (one per rank)", "fewer ranks")]
+    why = f"holds {n} {unit}(s) for {ranks} data-parallel ranks: a rank would read none"
+    return [Problem("data.path", str(path), why, f"at least {ranks} {unit}s (one per rank)", "fewer ranks")]
+
+
+def _pairs(data) -> int | None:
+    """The records of data=preference's files (None: none there, or more than COUNT_BYTES)."""
+    files = chat_files(data.location) if Path(data.location).exists() else []
+    if not files or sum(f.stat().st_size for f in files) > COUNT_BYTES:
+        return None
+    return sum(1 for _ in records(data.location))
 
 
 def fraction_problems(n: int, fraction: float, unit: str, of: str, ranks: int = 1) -> list[Problem]:

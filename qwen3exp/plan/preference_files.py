@@ -40,7 +40,9 @@ def record_problems(
         problems += registry.problems(objective, data, training, exp)
     if not isinstance(data, PreferenceData):
         return problems
+    own = validation is not None and validation.enable and validation.path is not None
     path = chat_files._path_problems("data.path", data.location)
+    path += chat_files._path_problems("validation.path", validation.path) if own else []
     if path:
         return problems + path
     tok = None
@@ -49,10 +51,13 @@ def record_problems(
             tok = load_tokenizer(tokenizer_folder)
         except ValueError as e:
             return [*problems, Problem("data.source", "preference", str(e), "a tokenizer with a chat template")]
-    return problems + _pair_problems(data, tok)
+    problems += _pair_problems(data, tok)
+    if own:
+        problems += _pair_problems(data.model_copy(update={"path": validation.path}), tok, "validation.path")
+    return problems  # the held-out split against the data-parallel ranks: `data_files.split_problems`
 
 
-def _pair_problems(data: PreferenceData, tok) -> list[Problem]:
+def _pair_problems(data: PreferenceData, tok, key: str = "data.path") -> list[Problem]:
     root, out, bad = Path(data.location), list[Problem](), 0
     for f, line_no, line in records(data.location, chat_files.MAX_CHECKED):
         try:
@@ -63,11 +68,9 @@ def _pair_problems(data: PreferenceData, tok) -> list[Problem]:
             bad += 1
             if len(out) < chat_files.MAX_REPORTED:
                 shown = str(f.relative_to(root)) if root.is_dir() else f.name
-                out.append(
-                    Problem("data.path", data.location, f"{shown} line {line_no}: {e.key} {e.message}", _ALLOWED)
-                )
+                out.append(Problem(key, data.location, f"{shown} line {line_no}: {e.key} {e.message}", _ALLOWED))
         except UnicodeDecodeError as e:
-            return [Problem("data.path", data.location, f"{f.name} is not UTF-8 ({e.reason})", _ALLOWED)]
+            return [Problem(key, data.location, f"{f.name} is not UTF-8 ({e.reason})", _ALLOWED)]
     if bad > len(out):
         last = out[-1]
         out[-1] = Problem(last.key, last.value, f"{last.message} (and {bad - len(out)} more bad record(s))", _ALLOWED)

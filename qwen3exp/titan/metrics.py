@@ -37,6 +37,8 @@ from torchtitan.tools.logging import logger
 from qwen3exp.run import rundir, scorecard
 from qwen3exp.titan import trackers
 
+VAL_REWARD_ACCURACY = "validation_metrics/reward_accuracy"
+"""A preference objective's validation metric (`qwen3exp.titan.preference_validator`)."""
 PAIR_PREFIX = "preference/"
 """A preference objective's metrics (`qwen3exp.titan.preference_trainer`): written without the prefix."""
 
@@ -67,7 +69,10 @@ class JsonlLogger(BaseLogger):
     def log(self, metrics: dict, step: int) -> None:
         if "validation_metrics/loss" in metrics:
             loss = metrics["validation_metrics/loss"]
-            self._write({"step": step, "val_loss": loss, "val_perplexity": _perplexity(loss)})
+            row = {"step": step, "val_loss": loss, "val_perplexity": _perplexity(loss)}
+            if VAL_REWARD_ACCURACY in metrics:  # a preference objective's held-out pairs
+                row["val_reward_accuracy"] = metrics[VAL_REWARD_ACCURACY]
+            self._write(row)
             return
         if "loss_metrics/global_avg_loss" not in metrics:
             return

@@ -22,7 +22,7 @@ from torchtitan.components.dataloader import ParallelAwareDataloader
 
 from qwen3exp.plan.chat_render import load_tokenizer
 from qwen3exp.plan.preference_pairs import fit_pair, pair_of, render_pair
-from qwen3exp.titan.chat_dataset import ALL, TRAIN, part_of, sample
+from qwen3exp.titan.chat_dataset import ALL, TRAIN, VALIDATION, part_of, sample
 
 
 class PreferenceDataset(IterableDataset, Stateful):
@@ -79,7 +79,7 @@ class PreferenceDataLoader(ParallelAwareDataloader):
         tokenizer_path: str = ""
         """The run's tokenizer folder (hf_assets_path): its chat template renders both sides."""
         part: str = ALL
-        """train or all (the held-out split of validation.fraction, as data=chat)."""
+        """train, validation (the two sides of the held-out split, as data=chat) or all."""
         fraction: float | None = None
         infinite: bool = True
 
@@ -109,13 +109,15 @@ class PreferenceDataLoader(ParallelAwareDataloader):
         )
 
 
-def loader_config(exp, tokenizer_path: str) -> PreferenceDataLoader.Config:
-    """Training's dataloader of data=preference (the training side of the held-out split, if any)."""
-    fraction = exp.validation.held_out
+def loader_config(exp, tokenizer_path: str, *, validation: bool = False) -> PreferenceDataLoader.Config:
+    """The dataloader of data=preference for training, or for the validator (the held-out pairs, or
+    all of validation.path)."""
+    d, v = exp.data, exp.validation
+    if validation and v.path is not None:
+        path, part, fraction = v.path, ALL, None
+    else:
+        path, fraction = d.location, v.held_out
+        part = ALL if fraction is None else (VALIDATION if validation else TRAIN)
     return PreferenceDataLoader.Config(
-        path=exp.data.location,
-        max_len_policy=exp.data.max_len_policy,
-        tokenizer_path=tokenizer_path,
-        part=ALL if fraction is None else TRAIN,
-        fraction=fraction,
+        path=str(path), max_len_policy=d.max_len_policy, tokenizer_path=tokenizer_path, part=part, fraction=fraction
     )

@@ -37,6 +37,7 @@ from qwen3exp.config.sections.data import ChatData, PreferenceData
 from qwen3exp.objectives.registry import METRICS
 from qwen3exp.titan import chat_dataset, preference_dataset
 from qwen3exp.titan.preference_loss import PreferenceLoss, row_logps
+from qwen3exp.titan.preference_validator import PreferenceValidator
 
 
 class PreferenceTrainer(Trainer):
@@ -52,6 +53,8 @@ class PreferenceTrainer(Trainer):
         self.loss_fn.steps_and_ranks = self.gradient_accumulation_steps * ranks
         self._copy: list[torch.Tensor] | None = None
         self.metrics_processor.metric_source = self._metrics
+        if isinstance(getattr(self, "validator", None), PreferenceValidator):
+            self.validator.reference = self._reference_logps
 
     def _trainable(self) -> list[tuple[str, torch.nn.Parameter]]:
         return [(n, p) for m in self.model_parts for n, p in m.named_parameters() if p.requires_grad]
@@ -96,16 +99,21 @@ class PreferenceTrainer(Trainer):
                 if isinstance(sub, FSDPModule):
                     sub.reshard()
 
+    def _reference_logps(self, inputs, labels, extra) -> torch.Tensor:
+        """The reference's summed log-probs of each row's counted labels (training and validation)."""
+        self._reshard()
+        with self._as_reference(), self.train_context():
+            pred = self.model_parts[0](inputs, **extra)
+            out = row_logps(pred, labels)[0].detach()
+            del pred
+            self._reshard()  # before the policy's weights are swapped back
+        return out
+
     def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
         assert not self.parallel_dims.pp_enabled, "refused before launch: pipeline parallelism with a pair objective"
         inputs, labels, extra = self.post_dataloading_process(input_dict, labels)
         if self.loss_fn.module.REFERENCE:
-            self._reshard()
-            with self._as_reference(), self.train_context():
-                pred = self.model_parts[0](inputs, **extra)
-                self.loss_fn.reference = row_logps(pred, labels)[0].detach()
-                del pred
-                self._reshard()  # before the policy's weights are swapped back
+            self.loss_fn.reference = self._reference_logps(inputs, labels, extra)
         return self.fwd_bwd_fn(inputs, labels, global_valid_tokens, extra)
 
     def _metrics(self) -> dict[str, float]:
@@ -127,6 +135,10 @@ def own_loaders(config, exp, tokenizer_path: str):
         return config
     kept = {f.name: getattr(config, f.name) for f in fields(config) if f.init and f.name not in ("loss", "dataloader")}
     config.training.disable_cuda_graphs = True
+    if exp.validation.enable:  # held-out pairs: the objective's loss and reward accuracy
+        v = {f.name: getattr(config.validator, f.name) for f in fields(config.validator) if f.name != "dataloader"}
+        val_loader = preference_dataset.loader_config(exp, tokenizer_path, validation=True)
+        kept["validator"] = PreferenceValidator.Config(**v, dataloader=val_loader)
     return PreferenceTrainer.Config(
         **kept,
         lora=exp.peft.kind == "lora",
