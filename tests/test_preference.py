@@ -20,7 +20,7 @@ import math
 
 import pytest
 
-from conftest import compose, read_metrics, read_validation, run_cli
+from conftest import compose, read_metrics, read_summary, read_validation, run_cli
 from hf_fixtures import in_fresh_process, write_checkpoint
 from qwen3exp.assets import TOKENIZER_DIR
 from qwen3exp.config.schema import validate_experiment
@@ -98,6 +98,7 @@ def test_objective_and_data_must_agree_and_bad_records_are_named_before_launch(t
         (["experiment=tiny_dpo", f"data.path={bad}"], "data.path", "pairs.jsonl line 2: rejected is identical"),
         (["experiment=tiny_dpo", "training.local_batch_size=3"], "training.local_batch_size", "must be even"),
         (["experiment=tiny_dpo", "peft=none", "checkpoint.save=true"], "checkpoint.save", "not checkpointed yet"),
+        (["sweep.objective=val_reward_accuracy"], "sweep.objective", "needs a preference objective and validation"),
     ]
     for overrides, key, message in cases:
         exp = validate_experiment(compose(*overrides, "dry_run=true"))
@@ -212,7 +213,9 @@ def test_step_losses_equal_the_formulas_on_transformers_logps(tmp_path):
 
 @pytest.mark.slow  # trains: experiment=tiny_dpo as shipped (2 ranks, FSDP, LoRA, 30 steps of the tiny model)
 def test_tiny_dpo_learns_to_prefer_the_real_answers(tmp_path):
-    r = run_cli("experiment=tiny_dpo", "platform=cpu", "metrics.tensorboard=false", f"hydra.run.dir={tmp_path}")
+    # sweep.objective changes nothing the run computes: what it would return to a sweeper
+    overrides = ["sweep.objective=val_reward_accuracy", "platform=cpu", "metrics.tensorboard=false"]
+    r = run_cli("experiment=tiny_dpo", *overrides, f"hydra.run.dir={tmp_path}")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "step 30/30 (100%)  loss " in r.stdout and "  reward acc " in r.stdout, r.stdout[-2000:]  # the console
     rows = read_metrics(tmp_path)
@@ -226,6 +229,9 @@ def test_tiny_dpo_learns_to_prefer_the_real_answers(tmp_path):
     print("tiny_dpo validation:", [(v["step"], round(v["val_loss"], 4), v["val_reward_accuracy"]) for v in val])
     assert [v["step"] for v in val] == [1, 15, 30]
     assert val[-1]["val_loss"] < val[0]["val_loss"] and val[-1]["val_reward_accuracy"] > val[0]["val_reward_accuracy"]
+    summary = read_summary(tmp_path)
+    want = {"metric": "val_reward_accuracy", "direction": "maximize", "value": val[-1]["val_reward_accuracy"]}
+    assert summary["objective"] == want and summary["val_reward_accuracy"] == want["value"], summary
 
 
 def test_data_show_marks_each_side_of_a_pair():

@@ -20,6 +20,14 @@ METRIC_NUMBERS = (
     "step_seconds",
     "val_loss",
     "val_perplexity",
+    # a preference objective's (qwen3exp.objectives.registry.METRICS, and its validation's)
+    "rewards_chosen",
+    "rewards_rejected",
+    "reward_margin",
+    "reward_accuracy",
+    "logps_chosen",
+    "logps_rejected",
+    "val_reward_accuracy",
 )
 """The values of a metrics row (qwen3exp.titan.metrics): each a number or null."""
 

@@ -31,12 +31,19 @@ def value_of(
     val_loss: float | None,
     tokens_per_second: float | None,
     scores: Mapping[str, float] | None = None,
+    reward_accuracy: float | None = None,
 ) -> float | None:
-    """`scores`: the run's lm-eval scores (`qwen3exp.run.eval_scores`), for an `eval.` metric."""
+    """`scores`: the run's lm-eval scores (`qwen3exp.run.eval_scores`), for an `eval.` metric;
+    `reward_accuracy`: a preference objective's last val_reward_accuracy (on the held-out pairs)."""
     if metric.startswith(EVAL_PREFIX):
         value = eval_scores.of(metric, scores)
     else:
-        value = {"val_loss": val_loss, "last_loss": last_loss, "tokens_per_second": tokens_per_second}[metric]
+        value = {
+            "val_loss": val_loss,
+            "last_loss": last_loss,
+            "tokens_per_second": tokens_per_second,
+            "val_reward_accuracy": reward_accuracy,
+        }[metric]
     return value if value is not None and math.isfinite(value) else None
 
 

@@ -21,6 +21,7 @@ OBJECTIVES: dict[str, Direction] = {
     "val_loss": "minimize",
     "last_loss": "minimize",
     "tokens_per_second": "maximize",
+    "val_reward_accuracy": "maximize",
 }
 """What a job can return to a sweeper (from its summary.json), with the direction that is better."""
 EVAL_PREFIX = "eval."
@@ -43,7 +44,8 @@ _ALLOWED = ", ".join(OBJECTIVES) + ", or eval.<task>.<metric> (a score of eval=l
 class Sweep(Strict):
     objective: str | None = None
     """What each job returns to Hydra's sweeper (Optuna optimizes it; the end table ranks by it):
-    val_loss (the last validation loss) and last_loss are minimized, tokens_per_second maximized;
+    val_loss (the last validation loss) and last_loss are minimized, tokens_per_second and
+    val_reward_accuracy (a preference objective's, on the held-out pairs) maximized;
     eval.<task>.<metric> (a score of eval=lm_eval, e.g. eval.qwen3exp_tiny.acc) in the metric's
     direction (sweep.direction). None: val_loss when validation is on, else last_loss."""
     direction: Direction | None = None
