@@ -55,8 +55,10 @@ def start_cli(
         return started
 
     def ignore() -> None:
-        for sig in ignored:
-            signal.signal(sig, signal.SIG_IGN)
+        # As at a terminal, whatever this process inherited (pytest under nohup or in a script's
+        # background ignores SIGHUP or SIGINT, and a child would keep that): only `ignored` ignored.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN if sig in ignored else signal.SIG_DFL)
 
     with log.open("w") as out, (err or Path(os.devnull)).open("w") as errors:
         return subprocess.Popen(
@@ -65,7 +67,7 @@ def start_cli(
             env=env_with(**env),
             stdout=out,
             stderr=subprocess.STDOUT if err is None else errors,
-            preexec_fn=ignore if ignored else None,
+            preexec_fn=ignore,
         )
 
 

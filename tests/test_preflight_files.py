@@ -597,7 +597,7 @@ def test_an_8_gib_checkpoint_is_checked_in_about_a_second(tmp_path):
 def test_preflight_imports_no_torch(tmp_path):
     folder = _model_folder(tmp_path / "good", weights=_tiny_weights("BF16"))
     data = tmp_path / "data.jsonl"
-    data.write_text('{"text": "hello"}\n{"text": "world"}\n{"text": "again"}\n')  # a held-out split needs 2+
+    data.write_text("".join(f'{{"text": "document {i}"}}\n' for i in range(20)))  # 2 held out: one per rank
     script = f"""
 import sys
 from qwen3exp.config.schema import validate_experiment

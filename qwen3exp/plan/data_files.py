@@ -100,7 +100,7 @@ def split_problems(data, validation, ranks: int = 1) -> list[Problem]:
         unit, n = "document", document_count(path)
     else:
         return []
-    if n is None:
+    if not n:  # unreadable or empty: data_problems (pairs: preference_files) names it
         return []
     if validation is not None and validation.held_out is not None:
         return fraction_problems(n, validation.fraction, unit, of, ranks)
@@ -122,6 +122,8 @@ def fraction_problems(n: int, fraction: float, unit: str, of: str, ranks: int = 
     """validation.fraction of `n` records (`unit`s of `of`) as a problem when it leaves a side fewer
     records than `ranks` (each data-parallel rank reads its own), naming what is left and the
     fractions that work (`held_out`: round(n x fraction) held out, at least one)."""
+    if n <= 0:  # no records at all: the data's own check names that
+        return []
     k = max(1, round(n * fraction))
     if n >= 2 and min(k, n - k) >= ranks:
         return []

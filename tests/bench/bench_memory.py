@@ -76,6 +76,7 @@ QWEN3_0P6B_MOE_2L = {
 }
 QWEN3_0P6B_UNTIED_2L = {**QWEN3_0P6B_2L, "tie_word_embeddings": False}
 QWEN3_0P6B_4L = {**QWEN3_0P6B_2L, "num_hidden_layers": 4}
+QWEN3_0P6B_28L = {**QWEN3_0P6B_2L, "num_hidden_layers": 28}
 QWEN3_W768_2L = {
     **QWEN3_0P6B_2L,
     "hidden_size": 768,
@@ -89,6 +90,7 @@ FOLDERS = {
     "0p6b_moe": QWEN3_0P6B_MOE_2L,
     "0p6b_untied": QWEN3_0P6B_UNTIED_2L,
     "0p6b_4l": QWEN3_0P6B_4L,
+    "0p6b_28l": QWEN3_0P6B_28L,
     "w768": QWEN3_W768_2L,
 }
 
@@ -150,6 +152,8 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("w768-2L 1r b2 s256", [*_big("w768", NATIVE, 2), *ONE, "training.seq_len=256", _ac("none")], OUT),
     ("0.6B-2L moe 1r s256 ac=selective", [*_big("0p6b_moe", NATIVE), *ONE, "training.seq_len=256",
                                           _ac("selective")], OUT),
+    ("0.6B-28L 1r s32 bf16", [*_big("0p6b_28l", NATIVE), *ONE, "training.seq_len=32", "training.dtype=bfloat16",
+                              "training.mixed_precision_param=float32"], OUT),
     ("0.6B-2L hf moe 1r s256 ac=full", [*_big("0p6b_moe", HF), *ONE, "training.seq_len=256", _ac("full")], OUT),
 ]  # fmt: skip
 QUICK = ("tiny tp2 s256", "tiny dp2 s256 ac=full", "tiny hf tp2 s256")
@@ -161,6 +165,10 @@ MEASURED_AT = "3d24df40c459ae51614468e5d1e62660ac2fef28"
 under 1 MiB at seq_len 256-512). The constants were fitted before these rows were run."""
 RECORDED: dict[str, tuple[float, str]] = {
     "0.6B-2L dp2 s2048 ac=full": (6.146, "11d71a54ad7e52ff05f48435b07d7d19826a3b67"),
+    "0.6B-2L dp2 s2048 ac=selective": (6.161, "930c49e6fb4ae33073da30eccf7ad9a95c35862c"),
+    "0.6B-2L moe dp2 s256": (6.059, "930c49e6fb4ae33073da30eccf7ad9a95c35862c"),
+    "0.6B-2L hf dp2 s2048": (5.708, "df5f2029ddd767688e4333d2ee7beecd1169e444"),
+    "0.6B-28L 1r s32 bf16": (9.339, "df5f2029ddd767688e4333d2ee7beecd1169e444"),
     "0.6B-2L hf moe dp2 s256": (5.228, "b48b288a9bd27cac26cb1ce48f0a2c0aa4cd9f27"),
     "0.6B-2L 1r b2 s256": (7.173, "5e607060f7401c95aadf52d6ab960a8c9bd45bc9"),  # 3 steps, the same command line
     "0.6B-2L 1r b2 s256 ac=full": (7.094, MEASURED_AT),
