@@ -119,6 +119,17 @@ def test_the_attention_kernel_is_in_the_key(base, tmp_path):
     assert neuron_cache.key_hash(neuron_cache.graph_key(flex, *args)) != auto.platform.env[KEY_ENV]
 
 
+def test_the_objective_is_in_the_key(base, tmp_path):
+    """A pair objective is another loss (and DPO a reference pass), its beta a constant of it."""
+    auto = _plan(base, tmp_path / "a")
+    args = (auto.arch, auto.mesh, auto.batches, auto.platform, {})
+    keys = [
+        neuron_cache.key_hash(neuron_cache.graph_key(validate_experiment({**base, "objective": o}), *args))
+        for o in ({"kind": "sft"}, {"kind": "dpo"}, {"kind": "dpo", "beta": 0.2})
+    ]
+    assert keys[0] == auto.platform.env[KEY_ENV] and len(set(keys)) == 3
+
+
 def _models(annotation) -> list[type[BaseModel]]:
     """The pydantic models a field's annotation names (a section's variants, through unions)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):

@@ -58,7 +58,7 @@ PER_RUN = "run"
 """`platform.compile_cache_dir=run`: the run directory's own cache."""
 RUN_DIR_CACHE = "neuron_cache"
 KEY_FILE = "key.json"
-KEY_VERSION = 3
+KEY_VERSION = 4
 """Part of every key: a change of what the key holds starts new folders instead of mixing meanings."""
 HASH_CHARS = 12
 PACKAGES = ("torch-neuronx", "neuronx-cc")
@@ -104,6 +104,7 @@ GRAPH_FIELDS: dict[str, frozenset[str]] = {
     "kernels": frozenset({"rope", "moe", "overrides"}),  # only while an override is applied
     "peft": frozenset({"kind", "rank", "alpha", "dropout", "targets"}),
     "validation": frozenset({"enable"}),  # a forward-only graph besides the training step
+    "objective": frozenset({"kind", "beta", "gamma", "reference"}),  # the loss, its constants, a reference pass
 }
 """Every schema key that changes a compiled graph and enters the key as its value. Every other key
 is in PLANNED_FIELDS or INPUT_FIELDS: tests/test_neuron_cache.py fails for a key in none of them,
@@ -178,6 +179,7 @@ def graph_key(exp, arch, mesh, batches, facts: PlatformFacts, environ) -> dict:
         "kernels": _chosen(exp.kernels, GRAPH_FIELDS["kernels"]) if exp.kernels.active else None,
         "peft": _chosen(exp.peft, GRAPH_FIELDS["peft"]),
         "validation": _chosen(exp.validation, GRAPH_FIELDS["validation"]),
+        "objective": _chosen(exp.objective, GRAPH_FIELDS["objective"]),
         "compiler": {"lnc": facts.lnc, "device": facts.device_name, CC_FLAGS_ENV: " ".join(flags.split())}
         | _versions(),
     }
