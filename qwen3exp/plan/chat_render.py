@@ -72,15 +72,20 @@ def records(path: str | Path, limit: int | None = None) -> Iterator[tuple[Path, 
                 yield f, i, line
 
 
-def messages_of(line: str, field: str = "messages") -> Conversation:
-    """A record's conversation (`qwen3exp.plan.chat_records`), or BadRecord naming what is wrong with it."""
+def json_record(line: str) -> dict:
+    """One JSON-lines record, or BadRecord saying why the line is none."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError as e:
         raise BadRecord("(line)", f"is not JSON ({e.msg})") from None
     if not isinstance(record, dict):
         raise BadRecord("(line)", f"is a JSON {type(record).__name__}, not an object")
-    return conversation_of(record, field)
+    return record
+
+
+def messages_of(line: str, field: str = "messages") -> Conversation:
+    """A record's conversation (`qwen3exp.plan.chat_records`), or BadRecord naming what is wrong with it."""
+    return conversation_of(json_record(line), field)
 
 
 def load_tokenizer(folder: str | Path):

@@ -17,12 +17,11 @@ field, an empty answer, chosen identical to rejected, implicit conversations sha
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from qwen3exp.plan.chat_records import BadRecord, conversation_of
-from qwen3exp.plan.chat_render import Rendered, fit, render
+from qwen3exp.plan.chat_render import Rendered, fit, json_record, render
 
 SIDES = ("chosen", "rejected")
 
@@ -40,12 +39,7 @@ class Pair:
 
 def pair_of(line: str) -> Pair:
     """The pair of one JSON line, or BadRecord naming the record's key that is wrong."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise BadRecord("(line)", f"is not JSON ({e.msg})") from None
-    if not isinstance(record, dict):
-        raise BadRecord("(line)", f"is a JSON {type(record).__name__}, not an object")
+    record = json_record(line)
     for side in SIDES:
         if side not in record:
             raise BadRecord(side, f"is missing (the record's keys: {sorted(record)})")

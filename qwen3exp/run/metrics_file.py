@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from qwen3exp.objectives.registry import METRICS
 from qwen3exp.run import records, rundir
 
 METRIC_NUMBERS = (
@@ -20,13 +21,7 @@ METRIC_NUMBERS = (
     "step_seconds",
     "val_loss",
     "val_perplexity",
-    # a preference objective's (qwen3exp.objectives.registry.METRICS, and its validation's)
-    "rewards_chosen",
-    "rewards_rejected",
-    "reward_margin",
-    "reward_accuracy",
-    "logps_chosen",
-    "logps_rejected",
+    *METRICS,  # a preference objective's, and its validation's:
     "val_reward_accuracy",
 )
 """The values of a metrics row (qwen3exp.titan.metrics): each a number or null."""

@@ -151,6 +151,9 @@ class ChatDataLoader(ParallelAwareDataloader):
         """validation.fraction held out (None: no split)."""
         infinite: bool = True
 
+    dataset: type = ChatDataset
+    """The IterableDataset class this loader reads (a subclass names its own)."""
+
     def __init__(
         self,
         config: Config,
@@ -163,7 +166,7 @@ class ChatDataLoader(ParallelAwareDataloader):
         snapshot_every_n_steps: int | None = 1,
         **kwargs,
     ):
-        ds = ChatDataset(config, seq_len=seq_len, dp_rank=dp_rank, dp_world_size=dp_world_size)
+        ds = self.dataset(config, seq_len=seq_len, dp_rank=dp_rank, dp_world_size=dp_world_size)
         super().__init__(
             ds,
             dp_rank=dp_rank,
@@ -180,12 +183,8 @@ class ChatDataLoader(ParallelAwareDataloader):
 def loader_config(exp, tokenizer_path: str, *, validation: bool) -> ChatDataLoader.Config:
     """The dataloader of data=chat for training, or for the validator (the held-out conversations,
     or all of validation.path)."""
-    d, v = exp.data, exp.validation
-    if validation and v.path is not None:
-        path, part, fraction = v.path, ALL, None
-    else:
-        path, fraction = d.location, v.held_out
-        part = ALL if fraction is None else (VALIDATION if validation else TRAIN)
+    d = exp.data
+    path, part, fraction = split_of(exp, validation)
     return ChatDataLoader.Config(
         path=str(path),
         messages_field=d.messages_field,
@@ -197,6 +196,16 @@ def loader_config(exp, tokenizer_path: str, *, validation: bool) -> ChatDataLoad
         fraction=fraction,
         infinite=True,
     )
+
+
+def split_of(exp, validation: bool) -> tuple[str, str, float | None]:
+    """(path, part, fraction) a loader reads: for the validator the held-out records (or all of
+    validation.path), for training the rest (all of data.path without a split)."""
+    d, v = exp.data, exp.validation
+    if validation and v.path is not None:
+        return str(v.path), ALL, None
+    part = ALL if v.held_out is None else (VALIDATION if validation else TRAIN)
+    return str(d.location), part, v.held_out
 
 
 def use_chat_loaders(config, exp, tokenizer_path: str) -> None:

@@ -22,7 +22,7 @@ from torchtitan.components.dataloader import ParallelAwareDataloader
 
 from qwen3exp.plan.chat_render import load_tokenizer
 from qwen3exp.plan.preference_pairs import fit_pair, pair_of, render_pair
-from qwen3exp.titan.chat_dataset import ALL, TRAIN, VALIDATION, part_of, sample
+from qwen3exp.titan.chat_dataset import ALL, ChatDataLoader, part_of, sample, split_of
 
 
 class PreferenceDataset(IterableDataset, Stateful):
@@ -68,11 +68,11 @@ class PreferenceDataset(IterableDataset, Stateful):
         self._pair_idx, self._epoch = state_dict["pair_idx"], state_dict["epoch"]
 
 
-class PreferenceDataLoader(ParallelAwareDataloader):
+class PreferenceDataLoader(ChatDataLoader):
     """torchtitan's dataloader over `PreferenceDataset` (built by the trainer)."""
 
     @dataclass(kw_only=True, slots=True)
-    class Config(ParallelAwareDataloader.Config):
+    class Config(ParallelAwareDataloader.Config):  # not ChatDataLoader's: no messages_field, loss_on, pack
         path: str = ""
         """data.path (or the bundled pairs)."""
         max_len_policy: str = "drop"
@@ -83,41 +83,13 @@ class PreferenceDataLoader(ParallelAwareDataloader):
         fraction: float | None = None
         infinite: bool = True
 
-    def __init__(
-        self,
-        config: Config,
-        *,
-        dp_world_size: int,
-        dp_rank: int,
-        tokenizer=None,
-        seq_len: int,
-        local_batch_size: int,
-        snapshot_every_n_steps: int | None = 1,
-        **kwargs,
-    ):
-        ds = PreferenceDataset(config, seq_len=seq_len, dp_rank=dp_rank, dp_world_size=dp_world_size)
-        super().__init__(
-            ds,
-            dp_rank=dp_rank,
-            dp_world_size=dp_world_size,
-            num_workers=config.num_workers,
-            persistent_workers=config.persistent_workers,
-            pin_memory=config.pin_memory,
-            prefetch_factor=config.prefetch_factor,
-            snapshot_every_n_steps=snapshot_every_n_steps,
-            batch_size=local_batch_size,
-        )
+    dataset = PreferenceDataset  # ChatDataLoader's __init__ over this dataset
 
 
 def loader_config(exp, tokenizer_path: str, *, validation: bool = False) -> PreferenceDataLoader.Config:
     """The dataloader of data=preference for training, or for the validator (the held-out pairs, or
     all of validation.path)."""
-    d, v = exp.data, exp.validation
-    if validation and v.path is not None:
-        path, part, fraction = v.path, ALL, None
-    else:
-        path, fraction = d.location, v.held_out
-        part = ALL if fraction is None else (VALIDATION if validation else TRAIN)
+    path, part, fraction = split_of(exp, validation)
     return PreferenceDataLoader.Config(
-        path=str(path), max_len_policy=d.max_len_policy, tokenizer_path=tokenizer_path, part=part, fraction=fraction
+        path=path, max_len_policy=exp.data.max_len_policy, tokenizer_path=tokenizer_path, part=part, fraction=fraction
     )
