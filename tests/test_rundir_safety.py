@@ -271,7 +271,7 @@ def test_concurrent_launches_get_their_own_directories(tmp_path):
 def test_second_launch_into_the_same_directory_is_refused(tmp_path):
     run = tmp_path / "shared"
     log = tmp_path / "first.log"
-    first = start_cli(*TINY, "launcher.nproc_per_node=1", "training.steps=400", f"hydra.run.dir={run}", log=log)
+    first = start_cli(*TINY, "launcher.nproc_per_node=1", "training.steps=100000", f"hydra.run.dir={run}", log=log)
     try:
         wait_for(
             lambda: (run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").stat().st_size > 0,

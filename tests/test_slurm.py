@@ -116,7 +116,7 @@ def test_ctrl_c_while_waiting_cancels_the_job(cluster, tmp_path):
     """Ctrl-C on the submitting command cancels its jobs (scancel); in the job, the launcher
     stops torchrun and the ranks and records the run as interrupted."""
     run = tmp_path / "run"
-    proc = start_cli(*ARGS, "training.steps=400", f"hydra.run.dir={run}", log=tmp_path / "log")
+    proc = start_cli(*ARGS, "training.steps=100000", f"hydra.run.dir={run}", log=tmp_path / "log")
     try:
         wait_for(lambda: (run / "command.txt").is_file(), proc=proc, what="the job to start torchrun")
         time.sleep(3)  # torchrun and its rank are starting
@@ -178,7 +178,7 @@ def test_a_job_killed_under_the_submitter_ends_its_wait_naming_the_job(cluster, 
     from qwen3exp.launchers.slurm import RESULT_GRACE_S
 
     run, log = tmp_path / "run", tmp_path / "log"
-    proc = start_cli(*ARGS, "training.steps=400", f"hydra.run.dir={run}", log=log)
+    proc = start_cli(*ARGS, "training.steps=100000", f"hydra.run.dir={run}", log=log)
     try:
         jobs = lambda: [p.name for p in (run / ".submitit").glob("*") if p.is_dir()]  # noqa: E731
         wait_for(lambda: bool(jobs()), proc=proc, timeout=120, what="the submission")

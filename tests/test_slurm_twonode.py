@@ -180,7 +180,7 @@ def test_ctrl_c_stops_a_two_node_job_while_a_sweep_of_two_node_jobs_ends_with_it
     sweep, log = tmp_path / "sweep", tmp_path / "log"
     sweeping = None
     try:
-        proc = _submit(cluster, *TWO_NODES, "training.steps=400", f"hydra.run.dir={stopped}", log=stopped_log)
+        proc = _submit(cluster, *TWO_NODES, "training.steps=100000", f"hydra.run.dir={stopped}", log=stopped_log)
         # The sweep is submitted once the stopped job is, so that one of its jobs runs beside it.
         wait_for(lambda: bool(_job_ids(stopped)), proc=proc, timeout=300, what="the stopped job's submission")
         sweeping = _submit(
