@@ -17,10 +17,10 @@ import re
 
 from conftest import run_cli
 from qwen3exp.assets import ASSETS, TOKENIZER_DIR
-from qwen3exp.plan.chat_render import load_tokenizer
-from qwen3exp.plan.data_files import held_out
-from qwen3exp.plan.data_sample import Sample
-from qwen3exp.plan.sample_marks import sample_lines
+from qwen3exp.data.chat.render import load_tokenizer
+from qwen3exp.data.files import held_out
+from qwen3exp.data.marks import sample_lines
+from qwen3exp.data.sample import Sample
 
 HEADER = re.compile(r"^--- sample (\d+)(?: of (\d+))?: (.*?): ([\d,]+) tokens, ([\d,]+) trained", re.M)
 SPAN = re.compile(r"\[\[(.*?)\]\]", re.S)

@@ -19,7 +19,7 @@ import pytest
 from conftest import read_summary, run_cli
 from qwen3exp.assets import CORPUS_DIR
 from qwen3exp.config.sections.data import HFData
-from qwen3exp.plan import hf_data_files, hf_data_source
+from qwen3exp.data.text import hf_files as hf_data_files, hf_source as hf_data_source
 from qwen3exp.titan import dataset
 from runprocs import TINY
 

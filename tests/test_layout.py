@@ -58,6 +58,7 @@ RANKS: dict[str, int] = {
     "qwen3exp.objectives": 2,
     "qwen3exp.run": 3,
     "qwen3exp.plan": 4,
+    "qwen3exp.data": 4,
     "qwen3exp.analysis": 5,
     "qwen3exp.titan": 6,
     "qwen3exp.worker": 7,

@@ -30,10 +30,10 @@ from hf_fixtures import hub_cache, lora_references, write_checkpoint
 from qwen3exp import cli
 from qwen3exp.assets import TOKENIZER_DIR
 from qwen3exp.config.schema import validate_experiment
+from qwen3exp.data.chat.render import load_tokenizer, messages_of, records, render
+from qwen3exp.data.files import held_out
 from qwen3exp.errors import ConfigError
 from qwen3exp.plan.build import make_plan
-from qwen3exp.plan.chat_render import load_tokenizer, messages_of, records, render
-from qwen3exp.plan.data_files import held_out
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -24,9 +24,9 @@ from conftest import compose, read_metrics, read_summary, read_validation, run_c
 from hf_fixtures import in_fresh_process, write_checkpoint
 from qwen3exp.assets import TOKENIZER_DIR
 from qwen3exp.config.schema import validate_experiment
-from qwen3exp.plan.chat_records import BadRecord
-from qwen3exp.plan.chat_render import load_tokenizer
-from qwen3exp.plan.preference_pairs import pair_of, render_pair
+from qwen3exp.data.chat.records import BadRecord
+from qwen3exp.data.chat.render import load_tokenizer
+from qwen3exp.data.preference.pairs import pair_of, render_pair
 
 PROMPT = [
     {"role": "system", "content": "You are terse."},
@@ -235,7 +235,7 @@ def test_tiny_dpo_learns_to_prefer_the_real_answers(tmp_path):
 
 
 def test_data_show_marks_each_side_of_a_pair():
-    from qwen3exp.plan.data_sample import first_samples
+    from qwen3exp.data.sample import first_samples
 
     s = first_samples(validate_experiment(compose("experiment=tiny_dpo")), TOKENIZER_DIR, 1)
     assert [x.label for x in s.samples] == [

@@ -24,8 +24,9 @@ from qwen3exp.config.flavors import FLAVORS
 from qwen3exp.config.hf_config import HF_ROPE_TYPES, arch_from_hf_config
 from qwen3exp.config.hf_tensors import hf_param_shapes
 from qwen3exp.config.schema import SECTIONS, check_experiment, validate_experiment
+from qwen3exp.data import files as data_files, records as data_records
 from qwen3exp.errors import ConfigError
-from qwen3exp.plan import data_files, data_records, model_files, weight_values
+from qwen3exp.plan import model_files, weight_values
 from qwen3exp.plan.build import make_plan
 from qwen3exp.plan.weight_values import nonfinite_tensors
 from qwen3exp.platforms import cpu
@@ -787,7 +788,7 @@ def test_dry_run_cli_says_64_ranks_do_not_fit_this_host(tmp_path):
 def test_a_split_that_leaves_nothing_to_train_is_refused(tmp_path, files, fraction, refused):
     """validation.fraction of too few documents: the ranks would raise it while building their data
     loaders (`held_out`, shared with them); the plan refuses it, naming validation.fraction."""
-    from qwen3exp.plan.data_files import document_count, held_out
+    from qwen3exp.data.files import document_count, held_out
 
     _write(tmp_path / "d", files)
     exp = _exp(data={"source": "local", "path": str(tmp_path / "d")}, validation={"fraction": fraction})

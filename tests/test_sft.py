@@ -21,8 +21,8 @@ from conftest import compose, read_metrics, read_summary, run_cli
 from hf_fixtures import masked_loss, write_checkpoint
 from qwen3exp.assets import TOKENIZER_DIR
 from qwen3exp.config.schema import validate_experiment
-from qwen3exp.plan.chat_render import fit, load_tokenizer, messages_of, records, render
-from qwen3exp.plan.data_files import held_out
+from qwen3exp.data.chat.render import fit, load_tokenizer, messages_of, records, render
+from qwen3exp.data.files import held_out
 
 CHAT = [
     {"role": "system", "content": "You are terse."},

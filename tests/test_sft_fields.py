@@ -18,8 +18,8 @@ import pytest
 from conftest import run_cli
 from qwen3_chat import qwen3_tokenizer
 from qwen3exp.assets import TOKENIZER_DIR
-from qwen3exp.plan.chat_records import BadRecord
-from qwen3exp.plan.chat_render import load_tokenizer, messages_of, render
+from qwen3exp.data.chat.records import BadRecord
+from qwen3exp.data.chat.render import load_tokenizer, messages_of, render
 from test_sft import runs
 
 TOOLS = [

@@ -20,8 +20,8 @@ from conftest import compose, read_metrics, run_cli
 from hf_fixtures import first_batches, masked_loss, write_checkpoint
 from qwen3exp.assets import TOKENIZER_DIR
 from qwen3exp.config.schema import validate_experiment
-from qwen3exp.plan.chat_render import Rendered, fit, load_tokenizer, messages_of, records, render
-from qwen3exp.plan.data_files import held_out
+from qwen3exp.data.chat.render import Rendered, fit, load_tokenizer, messages_of, records, render
+from qwen3exp.data.files import held_out
 from test_sft import runs
 
 SEQ = 192  # tiny_sft's seq_len: every bundled conversation fits (the longest is 167 tokens)

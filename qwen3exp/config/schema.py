@@ -20,7 +20,8 @@ from pydantic_core import PydanticUndefined
 from qwen3exp.config.rules import cross_field_problems, rule_problems
 from qwen3exp.config.sections.base import Strict
 from qwen3exp.config.sections.checkpoint import Checkpoint
-from qwen3exp.config.sections.data import BundledData, Data, Validation
+from qwen3exp.config.sections.data import BundledData, Validation
+from qwen3exp.config.sections.mixture import Data
 from qwen3exp.config.sections.eval import Eval, NoEval
 from qwen3exp.config.sections.kernels import Kernels
 from qwen3exp.config.sections.launcher import Launcher, LocalLauncher

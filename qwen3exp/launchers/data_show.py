@@ -4,8 +4,8 @@ the ranks would read them, with the tokens the loss trains marked.
 The experiment is composed, validated and planned exactly as a launch plans it (`config.precheck`,
 then `points.check_job`: the model's files, the data's checks, the platform, the mesh), as a dry
 run (`dry_run=true` is added: nothing starts, no device is probed, no run directory is made). A
-mistake exits 2 with the launch's message. The samples: `qwen3exp.plan.data_sample`, marked by
-`qwen3exp.plan.sample_marks`.
+mistake exits 2 with the launch's message. The samples: `qwen3exp.data.sample`, marked by
+`qwen3exp.data.marks`.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from qwen3exp.config.argv import parse_argv
 from qwen3exp.config.composer import Composer
 from qwen3exp.config.precheck import precheck
 from qwen3exp.config.sections.data import ChatData
+from qwen3exp.data.chat.render import BadRecord
+from qwen3exp.data.marks import show_lines
+from qwen3exp.data.sample import Samples, first_samples
 from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError, Problem, printable
 from qwen3exp.launchers.points import HydraFiles, Point, check_job
-from qwen3exp.plan.chat_render import BadRecord
-from qwen3exp.plan.data_sample import Samples, first_samples
-from qwen3exp.plan.sample_marks import show_lines
 from qwen3exp.run.console import colour_allowed
 
 USAGE = """usage: qwen3exp data show [overrides] [-n N | --count N] [-cd DIR]

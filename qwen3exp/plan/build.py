@@ -28,19 +28,18 @@ from typing import Any
 from qwen3exp.config.parallel_rules import context_parallel_problems
 from qwen3exp.config.schema import Experiment
 from qwen3exp.config.sections.data import ChatData
+from qwen3exp.data import figures as data_figures, files as data_files
+from qwen3exp.data.chat import packing as chat_packing
+from qwen3exp.data.preference import files as preference_files
+from qwen3exp.data.text import hf_files as hf_data_files
 from qwen3exp.errors import ConfigError, Problem
 from qwen3exp.plan import (
     attention_path,
     auto_resolve,
-    chat_packing,
-    data_figures,
-    data_files,
     eval_tasks,
-    hf_data_files,
     memory,
     model_files,
     placement,
-    preference_files,
     sample_prompts,
     tracking,
 )

@@ -9,7 +9,7 @@ folders the evaluation after training is given (`task_folders`, `uses_builtin`).
   only: its own code (`custom_dataset`, a task class), files (`dataset_path: json|csv|parquet|arrow|
   text` with `dataset_kwargs.data_files`, relative to the working directory as `datasets` reads
   them), a local folder, or a Hugging Face dataset in the local cache (found as data=hf finds one,
-  `qwen3exp.plan.hf_data_source`; the problem's hint is the command that fetches it). The
+  `qwen3exp.data.text.hf_source`; the problem's hint is the command that fetches it). The
   evaluation runs with HF_HUB_OFFLINE and HF_DATASETS_OFFLINE set, so nothing is downloaded then.
 - An `eval.` objective (`sweep.objective`) names a task of eval.tasks and, for a task (not a group),
   a metric it reports: its `metric_list`, else lm-eval's defaults for its `output_type`.
@@ -25,8 +25,9 @@ from pathlib import Path
 from qwen3exp.assets import LM_EVAL_DIR
 from qwen3exp.config.sections.eval import LmEval
 from qwen3exp.config.sections.sweep import EVAL_PREFIX
+from qwen3exp.data.text import hf_source as hf_data_source
 from qwen3exp.errors import Problem, did_you_mean, nearby_path, one_of
-from qwen3exp.plan import hf_data_source, lm_eval_tasks, model_ref
+from qwen3exp.plan import lm_eval_tasks, model_ref
 
 LM_EVAL_INSTALL = "pip install 'qwen3exp[lm-eval]'"
 FILE_BUILDERS = ("json", "csv", "parquet", "arrow", "text")

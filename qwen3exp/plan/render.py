@@ -11,15 +11,14 @@ from __future__ import annotations
 import shlex
 import sys
 
+from qwen3exp.data import figures as data_figures, marks as sample_marks
+from qwen3exp.data.chat import files as chat_files
+from qwen3exp.data.preference import files as preference_files
+from qwen3exp.data.text import hf_files as hf_data_files
 from qwen3exp.plan import (
     attention_path,
-    chat_files,
-    data_figures,
     eval_tasks,
-    hf_data_files,
     memory,
-    preference_files,
-    sample_marks,
     sample_prompts,
 )
 from qwen3exp.platforms import neuron_cache

@@ -66,7 +66,7 @@ class Plan:
     """(key, value, source) for every key of the experiment (empty when not computed)."""
     warnings: list[str] = field(default_factory=list)
     data: dict = field(default_factory=dict)
-    """The data's figures (`qwen3exp.plan.data_figures.DataFigures.as_json`): documents, tokens, epochs, separator."""
+    """The data's figures (`qwen3exp.data.figures.DataFigures.as_json`): documents, tokens, epochs, separator."""
     layout: Layout | None = None
     """What parallelism=auto / training.*=auto chose and why (`qwen3exp.plan.auto_layout`); None: nothing was auto."""
     step: StepCost | None = None

@@ -1,7 +1,7 @@
 """data=chat in the ranks: a torchtitan dataloader of conversations, one or several per sequence, padded.
 
 Each conversation is rendered by the run's tokenizer and chat template with the trained mask of
-data.loss_on (`qwen3exp.plan.chat_render`, the code the pre-launch checks and the plan ran), fitted
+data.loss_on (`qwen3exp.data.chat.render`, the code the pre-launch checks and the plan ran), fitted
 to training.seq_len (data.max_len_policy: drop or truncate; `chat_render.fit`), and yielded as
 torchtitan's text datasets yield a sample: `{"input": ids, "positions": ...}` and labels. A
 conversation of n + 1 tokens fills n positions: inputs are its tokens but the last, labels[i] the
@@ -41,8 +41,8 @@ from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.loss import IGNORE_INDEX
 
-from qwen3exp.plan.chat_render import Rendered, fit, load_tokenizer, messages_of, packs, records, render
-from qwen3exp.plan.data_files import held_out
+from qwen3exp.data.chat.render import Rendered, fit, load_tokenizer, messages_of, packs, records, render
+from qwen3exp.data.files import held_out
 
 TRAIN, VALIDATION, ALL = "train", "validation", "all"
 

@@ -4,9 +4,9 @@ validation split.
 torchtitan's built-in datasets (c4, ...) download from the Hub. This registers local entries in
 `torchtitan.hf_datasets.text_datasets.DATASETS` that read .jsonl/.json files (one {"text": ...} per
 line) or .txt files (one document per blank-line separated paragraph) with `datasets`, offline.
-data=hf reads the files `qwen3exp.plan.hf_data_source` resolves (a dataset in the local Hugging
+data=hf reads the files `qwen3exp.data.text.hf_source` resolves (a dataset in the local Hugging
 Face cache, or local parquet/json/arrow/csv files) through their `datasets` builder, streamed when
-data.streaming (a stream's held-out rows: `qwen3exp.plan.hf_data_files.is_held_out`, row by row).
+data.streaming (a stream's held-out rows: `qwen3exp.data.text.hf_files.is_held_out`, row by row).
 Registration happens in every rank (the conversion runs there), so the names resolve everywhere.
 
 The held-out split (`validation.fraction`, when validation has no path of its own): of the n
@@ -26,10 +26,10 @@ from qwen3exp.config.sections.data import HFData
 # The file listing and the split are plain Python, shared with the pre-launch checks of the data
 # (which must not import torchtitan), so both read the same files in the same order and the plan
 # refuses a split that would leave a rank nothing to train on.
-from qwen3exp.plan.data_figures import separator, tokenizer_eos
-from qwen3exp.plan.data_files import data_files, held_out
-from qwen3exp.plan.hf_data_files import is_held_out
-from qwen3exp.plan.hf_data_source import resolve
+from qwen3exp.data.figures import separator, tokenizer_eos
+from qwen3exp.data.files import data_files, held_out
+from qwen3exp.data.text.hf_files import is_held_out
+from qwen3exp.data.text.hf_source import resolve
 
 DATASET_NAME = "qwen3exp_local"
 VALIDATION_NAME = "qwen3exp_validation"
@@ -136,7 +136,7 @@ def register_validation(path: str, text_field: str = "text", *, held_out_fractio
 @cache
 def _separated_tokenizer():
     """torchtitan's HuggingFaceTokenizer whose eos_id (the id its text dataset appends to every
-    document, `encode(text, add_eos=True)`) is the token data.eos chose (`plan.data_figures.separator`)."""
+    document, `encode(text, add_eos=True)`) is the token data.eos chose (`qwen3exp.data.figures.separator`)."""
     from torchtitan.components.tokenizer import HuggingFaceTokenizer  # lazy: torchtitan in the ranks only
 
     class SeparatedTokenizer(HuggingFaceTokenizer):

@@ -2,7 +2,7 @@
 sequences side by side (rows 2i and 2i + 1 of a batch: training.local_batch_size is even).
 
 Each side is rendered by the run's chat template with chat SFT's mask of the final assistant turn
-(`qwen3exp.plan.preference_pairs`, the code the pre-launch checks and the plan ran), fitted to
+(`qwen3exp.data.preference.pairs`, the code the pre-launch checks and the plan ran), fitted to
 training.seq_len (a pair with a side that does not fit: data.max_len_policy, drop or truncate) and
 laid out as data=chat lays out one conversation (`chat_dataset.sample`: inputs, positions 0..seq_len-1,
 labels the next token where counted, else -100, padding untrained). The pairs are dealt out
@@ -20,8 +20,8 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
 
-from qwen3exp.plan.chat_render import load_tokenizer
-from qwen3exp.plan.preference_pairs import fit_pair, pair_of, render_pair
+from qwen3exp.data.chat.render import load_tokenizer
+from qwen3exp.data.preference.pairs import fit_pair, pair_of, render_pair
 from qwen3exp.titan.chat_dataset import ALL, ChatDataLoader, part_of, sample, split_of
 
 

@@ -123,7 +123,7 @@ class ChatData(Strict):
 class PreferenceData(Strict):
     """Preference pairs for objective=dpo, orpo or simpo: each record a prompt with a chosen and a
     rejected answer, both rendered by the tokenizer's chat template as chat SFT renders a
-    conversation (`qwen3exp.plan.chat_render`), a completion's log-prob taken over the final
+    conversation (`qwen3exp.data.chat.render`), a completion's log-prob taken over the final
     assistant turn's trained tokens (its content and end-of-turn token). Each side is one sequence,
     padded; a batch holds the chosen and the rejected side of each pair next to each other, so
     training.local_batch_size counts sequences (two per pair) and must be even."""
@@ -149,7 +149,8 @@ class PreferenceData(Strict):
         return self.path if self.path is not None else str(ASSETS / "preference")
 
 
-Data = Annotated[BundledData | LocalData | HFData | ChatData | PreferenceData, Field(discriminator="source")]
+Kind = Annotated[BundledData | LocalData | HFData | ChatData | PreferenceData, Field(discriminator="source")]
+"""One data kind: what a run reads alone, or one source of a mixture (`qwen3exp.config.sections.mixture`)."""
 
 
 class Validation(Strict):

@@ -15,7 +15,7 @@ worker starts, with the file and the line:
 
 Bounded: the first `MAX_LINES` lines or `READ_BYTES` of each file (a first line longer than that is
 read up to `MAX_LINE_BYTES`), of the first `MAX_FILES` files in the loader's order. Cheap: no
-`datasets` import. One file's records are checked by `qwen3exp.plan.data_records`; this module lists
+`datasets` import. One file's records are checked by `qwen3exp.data.records`; this module lists
 the files, checks them together and checks the held-out split.
 """
 
@@ -27,9 +27,9 @@ import math
 from pathlib import Path
 
 from qwen3exp.assets import CORPUS_DIR
+from qwen3exp.data.chat.render import chat_files, records
+from qwen3exp.data.records import check_json, check_text
 from qwen3exp.errors import Problem, nearby_path
-from qwen3exp.plan.chat_render import chat_files, records
-from qwen3exp.plan.data_records import check_json, check_text
 from qwen3exp.units import MIB
 
 MAX_FILES = 32

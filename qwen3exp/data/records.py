@@ -1,4 +1,4 @@
-"""The first records of one data file, checked as the loader will read them (see `qwen3exp.plan.data_files`).
+"""The first records of one data file, checked as the loader will read them (see `qwen3exp.data.files`).
 
 - every file: not empty, UTF-8;
 - .txt (the "text" builder, one document per blank-line separated paragraph): some text that is not

@@ -1,5 +1,5 @@
 """The first training samples of an experiment's data as the ranks read them, and which of their
-tokens the loss trains: what `qwen3exp data show` and a dry run print (`qwen3exp.plan.sample_marks`
+tokens the loss trains: what `qwen3exp data show` and a dry run print (`qwen3exp.data.marks`
 marks them).
 
 - data=chat: the conversations of data.path in file order (the first epoch's order), rendered by the
@@ -25,13 +25,13 @@ from pathlib import Path
 
 from qwen3exp.assets import CORPUS_DIR
 from qwen3exp.config.sections.data import ChatData, PreferenceData
-from qwen3exp.plan.chat_files import MAX_CHECKED, conversation_count
-from qwen3exp.plan.chat_render import fit, load_tokenizer, messages_of, records, render
-from qwen3exp.plan.data_figures import separator
-from qwen3exp.plan.data_files import data_files, document_count, held_out
-from qwen3exp.plan.hf_data_files import is_held_out, read_heads
-from qwen3exp.plan.hf_data_source import resolve
-from qwen3exp.plan.preference_pairs import SIDES, fit_pair, pair_of, render_pair
+from qwen3exp.data.chat.files import MAX_CHECKED, conversation_count
+from qwen3exp.data.chat.render import fit, load_tokenizer, messages_of, records, render
+from qwen3exp.data.figures import separator
+from qwen3exp.data.files import data_files, document_count, held_out
+from qwen3exp.data.preference.pairs import SIDES, fit_pair, pair_of, render_pair
+from qwen3exp.data.text.hf_files import is_held_out, read_heads
+from qwen3exp.data.text.hf_source import resolve
 from qwen3exp.units import MIB
 
 MAX_READ = MAX_CHECKED

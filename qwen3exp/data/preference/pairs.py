@@ -7,7 +7,7 @@ A record (one JSON line) is either
   one assistant message (TRL's "conversational preference" format); or
 - implicit: `{"chosen", "rejected"}`, both whole conversations (lists of messages) that share their
   prompt: the longest common prefix of messages, after which each has one assistant turn.
-Each side is the conversation prompt + [answer], rendered by `qwen3exp.plan.chat_render.render` with
+Each side is the conversation prompt + [answer], rendered by `qwen3exp.data.chat.render.render` with
 loss_on=last_assistant: its counted tokens are the final assistant turn's content and its
 end-of-turn token (never the prompt, the role header or Qwen3's empty thinking block), the very
 mask chat SFT trains. The messages are checked by chat's own record rules (`conversation_of`).
@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from qwen3exp.plan.chat_records import BadRecord, conversation_of
-from qwen3exp.plan.chat_render import Rendered, fit, json_record, render
+from qwen3exp.data.chat.records import BadRecord, conversation_of
+from qwen3exp.data.chat.render import Rendered, fit, json_record, render
 
 SIDES = ("chosen", "rejected")
 

@@ -9,7 +9,7 @@ message is an object with:
 - on an assistant turn only: `reasoning_content` (a string: its thinking) and `tool_calls` (a list
   of `{"type": "function", "function": {"name", "arguments"}}` or `{"name", "arguments"}`, the
   arguments an object or a JSON string), the formats Qwen3's chat template renders.
-Every field reaches the chat template (`qwen3exp.plan.chat_render`), which must render it: one it
+Every field reaches the chat template (`qwen3exp.data.chat.render`), which must render it: one it
 does not (a reasoning Qwen3 drops from an older turn, a tool call's id, a tool role the template
 has no place for) is refused there. Any other key, of the record or of a message, is refused here.
 """

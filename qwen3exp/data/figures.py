@@ -26,10 +26,12 @@ from pathlib import Path
 
 from qwen3exp.assets import CORPUS_DIR
 from qwen3exp.config.sections.data import ChatData, PreferenceData
+from qwen3exp.data.chat import files as chat_files, packing as chat_packing
+from qwen3exp.data.files import data_files, document_count
+from qwen3exp.data.preference import files as preference_files
+from qwen3exp.data.text import hf_files as hf_data_files
+from qwen3exp.data.text.hf_source import resolve
 from qwen3exp.errors import Problem, did_you_mean
-from qwen3exp.plan import chat_files, chat_packing, hf_data_files, preference_files
-from qwen3exp.plan.data_files import data_files, document_count
-from qwen3exp.plan.hf_data_source import resolve
 from qwen3exp.units import MIB
 
 END_OF_TEXT = "<|endoftext|>"

@@ -1,9 +1,9 @@
 """Conversations rendered by the tokenizer's own chat template, and which of their tokens are trained.
 
-Shared by the pre-launch checks and the plan (`qwen3exp.plan.chat_files`) and by the ranks'
+Shared by the pre-launch checks and the plan (`qwen3exp.data.chat.files`) and by the ranks'
 dataset (`qwen3exp.titan.chat_dataset`), so both see the same tokens and the same mask.
 
-A record is one JSON line (`qwen3exp.plan.chat_records`: the fields, their types): `{"messages":
+A record is one JSON line (`qwen3exp.data.chat.records`: the fields, their types): `{"messages":
 [...], "tools": [...]}` (roles system, user, assistant, tool; an assistant turn may carry
 `reasoning_content` and `tool_calls`; the field is data.messages_field), or `{"prompt",
 "completion"}`. The messages go to the template with all their fields and the tools as its `tools`,
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from qwen3exp.plan.chat_records import BadRecord, Conversation, conversation_of
+from qwen3exp.data.chat.records import BadRecord, Conversation, conversation_of
 
 LOSS_ON = ("assistant", "last_assistant", "all")
 T = TypeVar("T")
@@ -84,7 +84,7 @@ def json_record(line: str) -> dict:
 
 
 def messages_of(line: str, field: str = "messages") -> Conversation:
-    """A record's conversation (`qwen3exp.plan.chat_records`), or BadRecord naming what is wrong with it."""
+    """A record's conversation (`qwen3exp.data.chat.records`), or BadRecord naming what is wrong with it."""
     return conversation_of(json_record(line), field)
 
 

@@ -2,7 +2,7 @@
 records, and whether the objective and the data kind agree (`qwen3exp.objectives.registry`).
 
 data=preference: every record of the first `chat_files.MAX_CHECKED` is parsed
-(`qwen3exp.plan.preference_pairs`) and, with the run's tokenizer, both sides rendered; each bad one
+(`qwen3exp.data.preference.pairs`) and, with the run's tokenizer, both sides rendered; each bad one
 is a problem naming the file, the line and the record's key (exit 2 before any worker)."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwen3exp.config.sections.data import PreferenceData
+from qwen3exp.data.chat import files as chat_files
+from qwen3exp.data.chat.render import BadRecord, load_tokenizer, records
+from qwen3exp.data.preference.pairs import fit_pair, pair_of, render_pair
 from qwen3exp.errors import Problem
 from qwen3exp.objectives import registry
-from qwen3exp.plan import chat_files
-from qwen3exp.plan.chat_render import BadRecord, load_tokenizer, records
-from qwen3exp.plan.preference_pairs import fit_pair, pair_of, render_pair
 
 _ALLOWED = (
     'JSON lines, each {"prompt": "..." or [messages], "chosen": "..." or [one assistant message], "rejected": '

@@ -1,10 +1,10 @@
-"""Pre-launch checks of `data=hf` (the files: `qwen3exp.plan.hf_data_source`).
+"""Pre-launch checks of `data=hf` (the files: `qwen3exp.data.text.hf_source`).
 
 The dataset resolves (by name in the local Hugging Face cache, or by files), the split and the
 subset exist, and the first records of the first `MAX_FILES` files hold `data.text_field` as text:
 - parquet: the schema and the first rows of the column (pyarrow, which `datasets` depends on);
 - arrow: the same, through pyarrow's IPC reader (stream or file format);
-- .jsonl / .json: the checks of `data=local` (`qwen3exp.plan.data_records.check_json`);
+- .jsonl / .json: the checks of `data=local` (`qwen3exp.data.records.check_json`);
 - csv: the header and the first rows.
 Then there are enough tokens for one batch (local_batch_size x seq_len), estimated as text bytes / 4
 (the text of the first rows, extrapolated to the file's rows), and a held-out split keeps documents
@@ -21,10 +21,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from qwen3exp.data.files import COUNT_BYTES, fraction_problems
+from qwen3exp.data.records import READ_BYTES, check_json
+from qwen3exp.data.text.hf_source import HFSource, resolve
 from qwen3exp.errors import Problem, did_you_mean
-from qwen3exp.plan.data_files import COUNT_BYTES, fraction_problems
-from qwen3exp.plan.data_records import READ_BYTES, check_json
-from qwen3exp.plan.hf_data_source import HFSource, resolve
 
 MAX_FILES = 8
 """Files whose first rows are read; a dataset with more files is assumed to hold one batch."""

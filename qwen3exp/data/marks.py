@@ -1,5 +1,5 @@
 """The first samples of the training data as text, the trained tokens marked: `qwen3exp data show`
-and the dry run's plan (`qwen3exp.plan.render`). The samples come from `qwen3exp.plan.data_sample`.
+and the dry run's plan (`qwen3exp.plan.render`). The samples come from `qwen3exp.data.sample`.
 
 Trained text is green and bold on a colour terminal (`console.colour_allowed`: a TTY, NO_COLOR
 unset), and wrapped in `[[` `]]` everywhere else (a pipe, a file, a log); a legend line says which.
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from qwen3exp.data.chat.render import BadRecord
+from qwen3exp.data.sample import Sample, Samples, first_samples
 from qwen3exp.errors import printable
-from qwen3exp.plan.chat_render import BadRecord
-from qwen3exp.plan.data_sample import Sample, Samples, first_samples
 
 OPEN, CLOSE = "[[", "]]"
 """The marks around trained text without colour."""

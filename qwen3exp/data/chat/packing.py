@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwen3exp.config.sections.data import ChatData
+from qwen3exp.data.chat import files as chat_files
+from qwen3exp.data.chat.render import fit, load_tokenizer, messages_of, packs, records, render, template_text
+from qwen3exp.data.files import held_out
 from qwen3exp.errors import Problem
-from qwen3exp.plan import chat_files
-from qwen3exp.plan.chat_render import fit, load_tokenizer, messages_of, packs, records, render, template_text
-from qwen3exp.plan.data_files import held_out
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Pre-launch checks of data=chat, and what the plan shows of it.
 
 Before any worker starts, the conversations are read and rendered as the ranks will render them
-(`qwen3exp.plan.chat_render`, the run's own tokenizer and chat template), and every record the
+(`qwen3exp.data.chat.render`, the run's own tokenizer and chat template), and every record the
 loader would refuse is a problem naming the file, the line and the record's key: not JSON, no
 `messages` (nor prompt/completion), an unknown field or role, no assistant turn, an empty assistant
 turn, a field the chat template does not render (`chat_render`: it would be dropped), no token to
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwen3exp.config.sections.data import ChatData
+from qwen3exp.data.chat.render import BadRecord, chat_files, fit, load_tokenizer, messages_of, records, render
+from qwen3exp.data.files import COUNT_BYTES, fraction_problems
 from qwen3exp.errors import Problem, nearby_path
-from qwen3exp.plan.chat_render import BadRecord, chat_files, fit, load_tokenizer, messages_of, records, render
-from qwen3exp.plan.data_files import COUNT_BYTES, fraction_problems
 
 MAX_CHECKED = 2000
 """Conversations rendered before launch (the first ones, in the loader's order)."""

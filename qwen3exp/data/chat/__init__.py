@@ -1,0 +1,2 @@
+"""Conversations: records (`records`), rendered with their trained mask (`render`), checked
+(`files`), packed (`packing`)."""
