@@ -21,11 +21,11 @@ from qwen3exp.config.rules import cross_field_problems, rule_problems
 from qwen3exp.config.sections.base import Strict
 from qwen3exp.config.sections.checkpoint import Checkpoint
 from qwen3exp.config.sections.data import BundledData, Validation
-from qwen3exp.config.sections.mixture import Data
 from qwen3exp.config.sections.eval import Eval, NoEval
 from qwen3exp.config.sections.kernels import Kernels
 from qwen3exp.config.sections.launcher import Launcher, LocalLauncher
 from qwen3exp.config.sections.metrics import Metrics
+from qwen3exp.config.sections.mixture import Data
 from qwen3exp.config.sections.model import Model
 from qwen3exp.config.sections.objective import Objective, SftObjective
 from qwen3exp.config.sections.parallelism import Parallelism

@@ -104,7 +104,8 @@ GRAPH_FIELDS: dict[str, frozenset[str]] = {
     "kernels": frozenset({"rope", "moe", "overrides"}),  # only while an override is applied
     "peft": frozenset({"kind", "rank", "alpha", "dropout", "targets"}),
     "validation": frozenset({"enable"}),  # a forward-only graph besides the training step
-    "objective": frozenset({"kind", "beta", "gamma", "reference"}),  # the loss, its constants, a reference pass
+    # the loss, its constants, a reference pass
+    "objective": frozenset({"kind", "beta", "gamma", "reference", "reference_logps"}),
 }
 """Every schema key that changes a compiled graph and enters the key as its value. Every other key
 is in PLANNED_FIELDS or INPUT_FIELDS: tests/test_neuron_cache.py fails for a key in none of them,
@@ -115,7 +116,8 @@ PLANNED_FIELDS: dict[str, frozenset[str]] = {
     "parallelism": frozenset({"dp_replicate", "dp_shard", "tp", "pp", "cp", "ep"}),  # -> the mesh degrees
     "launcher": frozenset({"nnodes", "nproc_per_node"}),  # -> the mesh degrees
     "platform": frozenset({"lnc", "instance_type", "runtime_env"}),  # -> LNC, device, NEURON_CC_FLAGS
-    "data": frozenset({"pack", "cross_document_attention"}),  # -> a dense mask or is_causal (`causal_attention`)
+    # -> a dense mask or is_causal (`causal_attention`; a mixture's: all of its sources')
+    "data": frozenset({"pack", "cross_document_attention", "sources"}),
 }
 """Keys in the key through what the plan resolved them to: the architecture, the local batch, the
 mesh and the compiler's facts."""

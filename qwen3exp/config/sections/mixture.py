@@ -34,15 +34,28 @@ class Share(Strict):
     own records is held out, as a one-source run holds out."""
 
 
-def _shared(kind: type) -> type:
-    return type(f"Mixed{kind.__name__}", (kind, Share), {"__doc__": f"{kind.__doc__}\n\nIn a mixture: {Share.__doc__}"})
+class MixedBundled(BundledData, Share):
+    """The bundled corpus as one source of a mixture."""
 
 
-MixedBundled, MixedLocal, MixedHF, MixedChat, MixedPreference = (
-    _shared(k) for k in (BundledData, LocalData, HFData, ChatData, PreferenceData)
-)
+class MixedLocal(LocalData, Share):
+    """Local text files as one source of a mixture."""
+
+
+class MixedHF(HFData, Share):
+    """A Hugging Face dataset read as plain text, as one source of a mixture."""
+
+
+class MixedChat(ChatData, Share):
+    """Conversations as one source of a mixture."""
+
+
+class MixedPreference(PreferenceData, Share):
+    """Preference pairs as one source of a mixture."""
+
+
 Source = Annotated[
-    MixedBundled | MixedLocal | MixedHF | MixedChat | MixedPreference,  # type: ignore[valid-type]
+    MixedBundled | MixedLocal | MixedHF | MixedChat | MixedPreference,
     Field(discriminator="source"),
 ]
 

@@ -31,9 +31,17 @@ class DpoObjective(Strict):
     """The reference model. null: the policy's own starting weights (with peft=lora: the base with
     the adapters switched off, so no second model is held; a full fine-tune keeps a frozen copy of
     the trainable weights, sharded like them). A separate model folder is not supported yet."""
+    reference_logps: Literal["live", "precomputed"] = "live"
+    """live: the reference's log-probs of each batch are computed in the step that trains on it (the
+    reference is held during training). precomputed: a first pass over the training pairs computes
+    and stores them, and training reads them back, so no reference is held while training (for full
+    fine-tunes that would not fit otherwise). The plan says which is used and what it costs."""
 
     @model_validator(mode="after")
     def _own_reference(self) -> DpoObjective:
+        if self.reference_logps == "precomputed":
+            why = "precomputed reference log-probs are not implemented yet"
+            raise ValueError(tagged("reference_logps", self.reference_logps, why, "live"))
         if self.reference is not None:
             why = "a reference other than the policy's own starting weights is not implemented yet"
             raise ValueError(tagged("reference", self.reference, why, "null (the policy's starting weights)"))
