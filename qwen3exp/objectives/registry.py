@@ -115,12 +115,10 @@ def problems(objective, data, training, exp=None) -> list[Problem]:
 
 def not_yet(exp) -> list[Problem]:
     """What preference training does not support yet (issue 40's later slices), refused rather than
-    run wrongly: model=hf; pipeline, tensor, context and expert parallelism; resumable checkpoints
-    of a full fine-tune with a reference (its frozen copy is not saved)."""
+    run wrongly: pipeline, tensor, context and expert parallelism (on either backend); resumable
+    checkpoints of a full fine-tune with a reference (its frozen copy is not saved)."""
     kind, out = exp.objective.kind, []
     later = "not implemented yet for preference objectives"
-    if exp.model.backend != "native":
-        out.append(Problem("model", exp.model.backend, f"objective={kind}: {later}", "model=native"))
     for key in ("pp", "tp", "cp", "ep"):
         if getattr(exp.parallelism, key) != 1:
             value = getattr(exp.parallelism, key)

@@ -34,6 +34,7 @@ from torch.distributed.fsdp import FSDPModule
 from torchtitan.trainer import Trainer
 
 from qwen3exp.config.sections.data import ChatData, PreferenceData
+from qwen3exp.config.sections.model import HFModel
 from qwen3exp.objectives.registry import METRICS
 from qwen3exp.titan import chat_dataset, preference_dataset
 from qwen3exp.titan.preference_loss import PreferenceLoss, row_logps
@@ -139,7 +140,12 @@ def own_loaders(config, exp, tokenizer_path: str):
         v = {f.name: getattr(config.validator, f.name) for f in fields(config.validator) if f.name != "dataloader"}
         val_loader = preference_dataset.loader_config(exp, tokenizer_path, validation=True)
         kept["validator"] = PreferenceValidator.Config(**v, dataloader=val_loader)
-    return PreferenceTrainer.Config(
+    trainer: type[PreferenceTrainer.Config] = PreferenceTrainer.Config
+    if isinstance(exp.model, HFModel):  # the backend's trainer and its `hf_model` field
+        from qwen3exp.titan.hf_preference import HFPreferenceTrainer  # lazy: it imports this module
+
+        trainer = HFPreferenceTrainer.Config
+    return trainer(
         **kept,
         lora=exp.peft.kind == "lora",
         loss=PreferenceLoss.Config(objective=exp.objective.model_dump_json()),
