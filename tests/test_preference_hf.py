@@ -7,7 +7,7 @@ preference trainer (`qwen3exp.titan.hf_preference`), as tests/test_preference.py
   SimPO on model=hf equal the formulas on transformers' log-probs of the same weights, and on 2
   ranks with FSDP (DPO, full fine-tune) the step-2 loss equals the formula on transformers'
   log-probs of the step-1 export against the start (the frozen, sharded copy is the reference);
-- DPO with LoRA on model=hf: ln 2 at step 1, the loss falls, and the exported adapter loads in PEFT,
+- DPO with LoRA on model=hf (2 ranks, FSDP): ln 2 at step 1, the loss falls, and the exported adapter loads in PEFT,
   whose log-probs give the logged step-2 loss (the reference: the base with the adapters off); the
   merged export, written by the same code as SFT's, gives the same.
 """
@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 
 from conftest import compose, read_metrics, read_summary, run_cli
-from hf_fixtures import in_fresh_process, write_checkpoint
+from hf_fixtures import TOKENIZER_FILES, in_fresh_process, tiny_config, write_checkpoint
+from qwen3exp.assets import TOKENIZER_DIR
 from qwen3exp.config.schema import validate_experiment
 from qwen3exp.data.chat.render import load_tokenizer
 from qwen3exp.data.preference.pairs import pair_of, render_pair
@@ -31,14 +33,17 @@ def test_model_hf_plans_a_pair_objective_and_still_refuses_tensor_parallelism(tm
     from qwen3exp.errors import ConfigError
     from qwen3exp.plan.build import make_plan
 
-    ckpt = write_checkpoint(tmp_path / "ckpt", tied=True, seed=5)
+    ckpt = tmp_path / "ckpt"  # what a dry run reads: config.json and the tokenizer (no weights)
+    tiny_config(tied=True).save_pretrained(ckpt)
+    for name in TOKENIZER_FILES:
+        shutil.copy(TOKENIZER_DIR / name, ckpt / name)
     hf = ["experiment=tiny_dpo", "model=hf", f"model.hf_assets_path={ckpt}", "platform=cpu", "dry_run=true"]
-    for overrides, lora in ((["peft=lora"], True), (["peft=none", "objective=orpo"], False)):
-        plan = make_plan(validate_experiment(compose(*hf, *overrides)), tmp_path / "run")
-        assert plan.exp.model.backend == "hf" and (plan.parameters.trainable is not None) == lora
-    with pytest.raises(ConfigError) as e:
-        make_plan(validate_experiment(compose(*hf, "parallelism.tp=2", "parallelism.dp_shard=1")), tmp_path / "r2")
-    assert any(p.key == "parallelism.tp" and "preference objectives" in p.message for p in e.value.problems)
+    plan = make_plan(validate_experiment(compose(*hf)), tmp_path / "run")  # DPO with LoRA, 2 ranks
+    assert plan.exp.model.backend == "hf" and plan.parameters.trainable, plan.parameters
+    with pytest.raises(ConfigError) as e:  # a full fine-tune with ORPO: only tensor parallelism is refused
+        make_plan(validate_experiment(compose(*hf, "peft=none", "objective=orpo", "parallelism.tp=2")), tmp_path / "r")
+    assert [p.key for p in e.value.problems] == ["parallelism.tp"], e.value.problems
+    assert "not implemented yet for preference objectives" in e.value.problems[0].message
 
 
 def logps_of(model, rows: list[list[int]], masks: list[list[bool]]) -> list[list[float]]:
@@ -69,17 +74,17 @@ def references_here(base: str, full: str, adapter: str, merged: str, rows, masks
 
 @pytest.mark.slow  # trains: 4 runs of 1-4 steps of a tiny model on model=hf (one on 2 ranks), PEFT in a fresh process
 def test_hf_step_losses_equal_the_formulas_on_transformers_logps(tmp_path):
-    """1 rank: DPO with LoRA reads both pairs every step (4 steps); ORPO and SimPO pair 0 (1 step).
-    2 ranks (DPO, full fine-tune, FSDP): each step pair 0 on rank 0 and pair 1 on rank 1."""
+    """2 ranks, FSDP (DPO, full fine-tune for 2 steps and LoRA for 4): each step reads pair 0 on
+    rank 0 and pair 1 on rank 1, and its loss is the mean over both; 1 rank: ORPO and SimPO, pair 0."""
     ckpt = write_checkpoint(tmp_path / "ckpt", tied=True, seed=5)
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(p) + "\n" for p in PAIRS))
     export = ["checkpoint.export=interval", "checkpoint.export_interval=1", "checkpoint.dtype=float32"]
     one = ["launcher.nproc_per_node=1", "training.local_batch_size=2", "training.steps=1"]
     variants = {
-        "dpo_2ranks": ["objective=dpo", "peft=none", "launcher.nproc_per_node=2", "training.local_batch_size=2",
+        "dpo_full": ["objective=dpo", "peft=none", "launcher.nproc_per_node=2", "training.local_batch_size=2",
                        "training.steps=2", "training.lr=0.05", *export],
-        "dpo_lora": ["objective=dpo", "launcher.nproc_per_node=1", "training.local_batch_size=4", "training.steps=4",
+        "dpo_lora": ["objective=dpo", "launcher.nproc_per_node=2", "training.local_batch_size=2", "training.steps=4",
                      "training.lr=0.01", *export, "checkpoint.merge_lora=true"],
         "orpo": ["objective=orpo", "peft=none", *one],
         "simpo": ["objective=simpo", "peft=none", *one],
@@ -99,9 +104,9 @@ def test_hf_step_losses_equal_the_formulas_on_transformers_logps(tmp_path):
     rows = [s.ids for pair in sides for s in pair]
     masks = [s.trained for pair in sides for s in pair]
     lora1 = runs["dpo_lora"] / "export/step-1"
-    folders = [ckpt, runs["dpo_2ranks"] / "export/step-1", lora1 / "adapter", lora1 / "merged"]
+    folders = [ckpt, runs["dpo_full"] / "export/step-1", lora1 / "adapter", lora1 / "merged"]
     start, full, peft, merged = in_fresh_process("test_preference_hf.references_here", *map(str, folders), rows, masks)
-    both, steps = [0, 1], {"dpo_2ranks": 2, "dpo_lora": 4, "orpo": 1, "simpo": 1}
+    both, steps = [0, 1], {"dpo_full": 2, "dpo_lora": 4, "orpo": 1, "simpo": 1}
     diffs = {}
     for name in variants:
         m = read_metrics(runs[name])
@@ -112,7 +117,7 @@ def test_hf_step_losses_equal_the_formulas_on_transformers_logps(tmp_path):
         if kind != "dpo":
             continue
         assert abs(m[0]["loss"] - math.log(2)) < 1e-6 and m[0]["reward_margin"] == 0.0, m[0]
-        moved = {"dpo_2ranks": [full], "dpo_lora": [peft, merged]}[name]
+        moved = {"dpo_full": [full], "dpo_lora": [peft, merged]}[name]
         for label, policy in zip(("", " (merged)"), moved, strict=False):
             loss, margin = mean_formula("dpo", both, policy, start)
             assert abs(loss - math.log(2)) > 1e-3  # the policy moved: a real check of the reference
@@ -121,5 +126,7 @@ def test_hf_step_losses_equal_the_formulas_on_transformers_logps(tmp_path):
     assert max(diffs.values()) < 1e-4, diffs
     lora = [row["loss"] for row in read_metrics(runs["dpo_lora"])]  # the same two pairs every step
     assert all(b < a for a, b in zip(lora, lora[1:], strict=False)), lora
-    summary = read_summary(runs["dpo_lora"])
+    summary = read_summary(runs["dpo_lora"])  # the export is SFT's: an adapter folder for PEFT and merged weights
     assert summary["export"]["ok"] and sorted(p.name for p in lora1.iterdir()) == ["adapter", "merged"], summary
+    config = json.loads((lora1 / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(ckpt.resolve()) and config["peft_type"] == "LORA", config

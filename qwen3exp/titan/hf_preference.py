@@ -26,4 +26,3 @@ class HFPreferenceTrainer(PreferenceTrainer, HFTransformerTrainer):
     class Config(PreferenceTrainer.Config):
         hf_model: str = ""
         """The model folder (or Hub id) the backend builds the model from, as TransformersBackendConfig's."""
-
