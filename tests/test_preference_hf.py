@@ -1,7 +1,8 @@
 """objective=dpo|orpo|simpo on model=hf (issue 40): the Transformers backend's model in the
 preference trainer (`qwen3exp.titan.hf_preference`), as tests/test_preference.py checks model=native.
 
-- model=hf with a pair objective plans (it was refused with exit 2); tensor parallelism still is;
+- model=hf with a pair objective plans (it was refused with exit 2) and each rank's torchtitan config
+  is the preference trainer with the backend's `hf_model`; tensor parallelism is still refused;
 - must show: for the fixed pair of tests/test_preference.py (a system message, a multi-turn prompt),
   the step-1 loss and reward_margin of DPO (the policy as its own reference: exactly ln 2), ORPO and
   SimPO on model=hf equal the formulas on transformers' log-probs of the same weights, and on 2
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -32,6 +34,8 @@ from test_preference import PAIRS, SEQ_LEN, mean_formula
 def test_model_hf_plans_a_pair_objective_and_still_refuses_tensor_parallelism(tmp_path):
     from qwen3exp.errors import ConfigError
     from qwen3exp.plan.build import make_plan
+    from qwen3exp.titan.hf_preference import HFPreferenceTrainer  # lazy: imports torchtitan
+    from qwen3exp.titan.job_config import to_torchtitan
 
     ckpt = tmp_path / "ckpt"  # what a dry run reads: config.json and the tokenizer (no weights)
     tiny_config(tied=True).save_pretrained(ckpt)
@@ -40,6 +44,9 @@ def test_model_hf_plans_a_pair_objective_and_still_refuses_tensor_parallelism(tm
     hf = ["experiment=tiny_dpo", "model=hf", f"model.hf_assets_path={ckpt}", "platform=cpu", "dry_run=true"]
     plan = make_plan(validate_experiment(compose(*hf)), tmp_path / "run")  # DPO with LoRA, 2 ranks
     assert plan.exp.model.backend == "hf" and plan.parameters.trainable, plan.parameters
+    config = to_torchtitan(plan.exp, plan.platform, tmp_path / "run")  # what each rank builds
+    assert type(config) is HFPreferenceTrainer.Config and config.lora, type(config)
+    assert Path(config.hf_model).resolve() == ckpt.resolve()  # the backend builds its model from this folder
     with pytest.raises(ConfigError) as e:  # a full fine-tune with ORPO: only tensor parallelism is refused
         make_plan(validate_experiment(compose(*hf, "peft=none", "objective=orpo", "parallelism.tp=2")), tmp_path / "r")
     assert [p.key for p in e.value.problems] == ["parallelism.tp"], e.value.problems

@@ -126,9 +126,9 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
         override=OverrideConfig(imports=overrides.import_entries(exp.kernels)),
     )
     if isinstance(exp.data, (ChatData, PreferenceData)):  # qwen3exp's own loaders (pairs: and trainer, loss)
-        from qwen3exp.titan import preference_trainer  # lazy: imports torchtitan
+        from qwen3exp.titan import hf_preference, preference_trainer  # lazy: imports torchtitan
 
-        return preference_trainer.own_loaders(config, exp, str(hf_assets_path(exp)))
+        return preference_trainer.own_loaders(config, exp, str(hf_assets_path(exp)), hf_preference.trainer_of(exp))
     return config
 
 

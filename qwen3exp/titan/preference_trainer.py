@@ -34,7 +34,6 @@ from torch.distributed.fsdp import FSDPModule
 from torchtitan.trainer import Trainer
 
 from qwen3exp.config.sections.data import ChatData, PreferenceData
-from qwen3exp.config.sections.model import HFModel
 from qwen3exp.objectives.registry import METRICS
 from qwen3exp.titan import chat_dataset, preference_dataset
 from qwen3exp.titan.preference_loss import PreferenceLoss, row_logps
@@ -126,9 +125,10 @@ class PreferenceTrainer(Trainer):
         return {f"preference/{name}": float(stacked[i]) / max(pairs, 1.0) for i, name in enumerate(METRICS)}
 
 
-def own_loaders(config, exp, tokenizer_path: str):
+def own_loaders(config, exp, tokenizer_path: str, trainer: type[PreferenceTrainer.Config] | None = None):
     """The Trainer.Config with qwen3exp's own loaders for conversations (data=chat) and pairs
-    (data=preference: also this module's trainer and the objective's loss); other data unchanged."""
+    (data=preference: also this module's trainer, or `trainer` (model=hf's:
+    `qwen3exp.titan.hf_preference`), and the objective's loss); other data unchanged."""
     if isinstance(exp.data, ChatData):
         chat_dataset.use_chat_loaders(config, exp, tokenizer_path)
         return config
@@ -140,12 +140,7 @@ def own_loaders(config, exp, tokenizer_path: str):
         v = {f.name: getattr(config.validator, f.name) for f in fields(config.validator) if f.name != "dataloader"}
         val_loader = preference_dataset.loader_config(exp, tokenizer_path, validation=True)
         kept["validator"] = PreferenceValidator.Config(**v, dataloader=val_loader)
-    trainer: type[PreferenceTrainer.Config] = PreferenceTrainer.Config
-    if isinstance(exp.model, HFModel):  # the backend's trainer and its `hf_model` field
-        from qwen3exp.titan.hf_preference import HFPreferenceTrainer  # lazy: it imports this module
-
-        trainer = HFPreferenceTrainer.Config
-    return trainer(
+    return (trainer or PreferenceTrainer.Config)(
         **kept,
         lora=exp.peft.kind == "lora",
         loss=PreferenceLoss.Config(objective=exp.objective.model_dump_json()),
