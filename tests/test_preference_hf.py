@@ -8,9 +8,9 @@ preference trainer (`qwen3exp.titan.hf_preference`), as tests/test_preference.py
   SimPO on model=hf equal the formulas on transformers' log-probs of the same weights, and on 2
   ranks with FSDP (DPO, full fine-tune) the step-2 loss equals the formula on transformers'
   log-probs of the step-1 export against the start (the frozen, sharded copy is the reference);
-- DPO with LoRA on model=hf (2 ranks, FSDP): ln 2 at step 1, the loss falls, and the exported adapter loads in PEFT,
-  whose log-probs give the logged step-2 loss (the reference: the base with the adapters off); the
-  merged export, written by the same code as SFT's, gives the same.
+- DPO with LoRA on model=hf (2 ranks, FSDP): ln 2 at step 1, the loss falls, and the exported
+  adapter loads in PEFT, whose log-probs give the logged step-2 loss (the reference: the base with
+  the adapters off); the merged export, written by the same code as SFT's, gives the same.
 """
 
 from __future__ import annotations
