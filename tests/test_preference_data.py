@@ -149,3 +149,76 @@ def test_one_source_of_records(overrides, key):
     with pytest.raises(ConfigError) as e:
         validate_experiment(compose(*BASE, *overrides))
     assert [p.key for p in e.value.problems] == [key], e.value.problems
+
+
+USER = {"role": "user", "content": "hi"}
+BAD_RECORDS = [
+    ({"prompt": "hi", "rejected": "b"}, "line 2: chosen is missing"),
+    ({"prompt": "hi", "chosen": "a"}, "line 3: rejected is missing"),
+    ({"prompt": "hi", "chosen": "a", "rejected": "a"}, "line 4: rejected is identical to chosen"),
+    ({"prompt": "hi", "chosen": "", "rejected": "b"}, "line 5: chosen is an empty answer"),
+    (
+        {
+            "chosen": [USER, {"role": "assistant", "content": "a"}],
+            "rejected": [{"role": "user", "content": "ho"}, {"role": "assistant", "content": "b"}],
+        },
+        "line 6: chosen shares no prompt with rejected",
+    ),
+]
+"""The issue's bad records, one per line after a good one (each is named: 5 = chat_files.MAX_REPORTED)."""
+
+
+@pytest.mark.parametrize("case", ["records", "dpo_on_chat", "gamma_in_orpo"])
+def test_bad_preference_input_exits_2_before_any_worker(case, tmp_path):
+    """The issue's list of bad input: exit 2 from the real command line's dry run, naming the key
+    (and the file, line and record key of each bad record), no traceback, no worker. The rest of
+    the list is asserted in process in tests/test_preference.py (objective=dpo on data=bundled,
+    data=preference with objective=sft, objective.gamma with objective=dpo)."""
+    from conftest import run_cli
+
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [_records(1)[0], *(r for r, _ in BAD_RECORDS)]))
+    overrides, key, messages = {
+        "records": (["experiment=tiny_dpo", f"data.path={path}"], "data.path", [m for _, m in BAD_RECORDS]),
+        "dpo_on_chat": (["objective=dpo", "data=chat"], "objective", ["data=chat has none"]),
+        "gamma_in_orpo": (["objective=orpo", "data=preference", "objective.gamma=1"], "objective.gamma", []),
+    }[case]
+    r = run_cli(*overrides, "dry_run=true", f"hydra.run.dir={tmp_path / 'run'}")
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr and key in r.stderr, r.stderr[-2000:]
+    assert all(f"pairs.jsonl {m}" in r.stderr if case == "records" else m in r.stderr for m in messages), r.stderr
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_data_show_marks_exactly_each_completions_counted_tokens():
+    """`qwen3exp data show` on experiment=tiny_dpo: each side of a pair is the whole rendered
+    conversation, only the final answer's content and `<|im_end|>` marked (the prompt, the role
+    header and the empty thinking block unmarked), its header counting the side's tokens and the
+    counted ones, the same the ranks' loss counts (`render_pair`)."""
+    import re
+
+    from conftest import run_cli
+    from qwen3exp.data.chat.render import load_tokenizer
+    from qwen3exp.data.preference.pairs import pair_of, render_pair
+
+    r = run_cli("data", "show", "-n", "2", "experiment=tiny_dpo")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "trained: the final answer and its end-of-turn token" in r.stdout
+    tok, lines = load_tokenizer(TOKENIZER_DIR), (ASSETS / "preference" / "train.jsonl").read_text().splitlines()
+    head = re.compile(
+        r"^--- sample \d of 4: pair (\d+), (chosen|rejected) \(train.jsonl line (\d+)\): (\d+) tokens, (\d+) trained",
+        re.M,
+    )
+    found = list(head.finditer(r.stdout))
+    assert [m[2] for m in found] == ["chosen", "rejected"] * 2, r.stdout
+    ends = [m.start() for m in found[1:]] + [r.stdout.index("--- 4 sample(s)")]
+    for m, end in zip(found, ends, strict=True):
+        body = r.stdout[m.end() : end].split("\n", 1)[1]
+        side = render_pair(tok, pair_of(lines[int(m[3]) - 1]))[m[2] == "rejected"]
+        record = json.loads(lines[int(m[3]) - 1])
+        assert re.findall(r"\[\[(.*?)\]\]", body, re.S) == [record[m[2]] + "<|im_end|>"], body
+        assert body.replace("[[", "").replace("]]", "").rstrip("\n") == tok.decode(side.ids).rstrip("\n")
+        assert (int(m[4]), int(m[5])) == (len(side.ids), sum(side.trained[1:])), m[0]
+        assert (
+            tok.decode([t for t, on in zip(side.ids, side.trained, strict=True) if on]) == record[m[2]] + "<|im_end|>"
+        )
