@@ -81,7 +81,7 @@ def test_trn2_experiment_plans_and_converts_for_neuron(name, tmp_path):
     assert config.compile.backend == "neuron"
     assert config.compile.enable is exp.training.compile
     assert config.comm.init_timeout_seconds == 1800
-    # One conversation (SFT) or one side of a pair (DPO) per sequence: is_causal, no mask; packed text: the document mask.
+    # One conversation (SFT) or one side of a pair (DPO) per sequence: is_causal, no mask; packed text: a document mask.
     causal = resolve(exp, facts).causal
     assert causal == (exp.data.source == "preference" or exp.data.source == "chat" and not exp.data.pack)
     match exp.model.backend:
