@@ -115,8 +115,7 @@ def problems(objective, data, training, exp=None) -> list[Problem]:
 
 def not_yet(exp) -> list[Problem]:
     """What preference training does not support yet (issue 40's later slices), refused rather than
-    run wrongly: model=hf; pipeline, tensor, context and expert parallelism; resumable checkpoints
-    of a full fine-tune with a reference (its frozen copy is not saved)."""
+    run wrongly: model=hf; pipeline, tensor, context and expert parallelism."""
     kind, out = exp.objective.kind, []
     later = "not implemented yet for preference objectives"
     if exp.model.backend != "native":
@@ -125,7 +124,4 @@ def not_yet(exp) -> list[Problem]:
         if getattr(exp.parallelism, key) != 1:
             value = getattr(exp.parallelism, key)
             out.append(Problem(f"parallelism.{key}", value, f"objective={kind}: {later}", "1 (FSDP only)"))
-    if of(exp.objective).REFERENCE and exp.peft.kind != "lora" and exp.checkpoint.save:
-        why = "a full fine-tune's reference (a frozen copy of the starting weights) is not checkpointed yet"
-        out.append(Problem("checkpoint.save", True, f"objective={kind}: {why}", "false, or peft=lora"))
     return out
