@@ -19,7 +19,7 @@ from qwen3exp.objectives.registry import METRICS
 from qwen3exp.run import rundir
 from runprocs import start_cli
 
-STEPS = 8
+STEPS = 10
 ARGS = (
     "experiment=tiny_dpo",
     "checkpoint=dcp",
@@ -59,7 +59,7 @@ def _stopped_after_a_checkpoint(args: tuple[str, ...], run_dir: Path, log: Path)
     return shlex.split(last.split("to resume: ", 1)[1])
 
 
-@pytest.mark.slow  # trains: 3 runs of up to 8 steps of experiment=tiny_dpo (2 ranks) per case
+@pytest.mark.slow  # trains: 3 runs of up to 10 steps of experiment=tiny_dpo (2 ranks) per case
 @pytest.mark.parametrize("peft", ["lora", "none"])
 def test_dpo_resumes_exactly(peft, tmp_path):
     args = (*ARGS, f"peft={peft}")

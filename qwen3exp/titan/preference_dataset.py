@@ -109,7 +109,7 @@ def loader_config(exp, tokenizer_path: str, *, validation: bool = False) -> Pref
     all of validation.path)."""
     path, part, fraction = split_of(exp, validation)
     d = exp.data
-    if d.name is None and d.files is None or (validation and exp.validation.path is not None):
+    if (d.name is None and d.files is None) or (validation and exp.validation.path is not None):
         return PreferenceDataLoader.Config(
             path=path, max_len_policy=d.max_len_policy, tokenizer_path=tokenizer_path, part=part, fraction=fraction
         )
