@@ -12,6 +12,7 @@ launch (exit 2); the keys choose one source of records.
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -118,6 +119,30 @@ def test_data_show_names_the_row_of_each_pair(cache):
         ["yellow cat<|im_end|>"],
     ]
     assert NAME in s.source
+
+
+def test_arrow_and_csv_rows_are_the_records(tmp_path):
+    """An arrow file (the stream format `datasets` writes) and a csv file give the records of the
+    same pairs (csv: strings only), their other columns not read."""
+    from qwen3exp.config.sections.data import PreferenceData
+    from qwen3exp.data.preference import source
+
+    records = _records(6)
+    table = pa.table({**{k: [r[k] for r in records] for k in ("prompt", "chosen", "rejected")}, "id": list(range(6))})
+    with pa.OSFile(str(tmp_path / "train.arrow"), "wb") as f:
+        with pa.ipc.new_stream(f, table.schema) as writer:
+            writer.write_table(table)
+    flat = [{"prompt": f"q{i}", "chosen": f"a{i}", "rejected": f"b{i}", "id": str(i)} for i in range(3)]
+    with (tmp_path / "train.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(flat[0]))
+        w.writeheader()
+        w.writerows(flat)
+    for name, want in (("train.arrow", records), ("train.csv", flat)):
+        src, problems = source.resolve(PreferenceData(files=str(tmp_path / name)))
+        assert src is not None and not problems, problems
+        got = [(number, record) for _, number, record in source.rows(src)]
+        assert got == [(i + 1, {k: r[k] for k in source.COLUMNS}) for i, r in enumerate(want)], got
+        assert source.other_columns(src) == ["id"] and source.count(src, 2**20) == len(want)
 
 
 def test_a_bad_row_is_named_by_file_row_and_key(tmp_path):
