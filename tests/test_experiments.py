@@ -81,9 +81,9 @@ def test_trn2_experiment_plans_and_converts_for_neuron(name, tmp_path):
     assert config.compile.backend == "neuron"
     assert config.compile.enable is exp.training.compile
     assert config.comm.init_timeout_seconds == 1800
-    # One conversation per sequence (the SFT experiment): is_causal, no mask; packed text: the document mask.
+    # One conversation (SFT) or one side of a pair (DPO) per sequence: is_causal, no mask; packed text: a document mask.
     causal = resolve(exp, facts).causal
-    assert causal == (exp.data.source == "chat" and not exp.data.pack)
+    assert causal == (exp.data.source == "preference" or exp.data.source == "chat" and not exp.data.pack)
     match exp.model.backend:
         case "native":
             inner = [layer.attention.inner_attention for layer in config.model_spec.model.layers]
@@ -233,3 +233,18 @@ def test_cpu_twin_trains_here(twin, twin_runs):
         assert summary["export"]["ok"] and summary["export"]["unexpected_keys"] == []
     # the overrides really applied at run time (torchtitan's own log lines), one per layer
     assert {o["key"]: o["applied"] for o in summary["overrides"]} == {o["key"]: len(o["nodes"]) for o in prep.overrides}
+
+
+def test_trn2_dpo_lora_plans_the_pairs_and_no_second_model(tmp_path):
+    """The 4B's DPO: the base with the adapters off is the reference (no second model in the
+    memory plan), one pair per rank and 64 per step, the pairs planned."""
+    from qwen3exp.plan.build import make_plan
+    from qwen3exp.plan.render import render
+
+    exp, _ = plan("trn2_qwen3_4b_dpo_lora")
+    assert (exp.objective.kind, exp.peft.kind, exp.data.source) == ("dpo", "lora", "preference")
+    p = make_plan(exp, tmp_path)
+    text = render(p)
+    assert "objective=dpo" in text and "adapters switched off (no second model)" in text, text
+    assert "pairs:      320 pairs" in text and "0 dropped" in text, text
+    assert p.batches.global_batch_size == 128  # sequences: 64 pairs, chosen and rejected

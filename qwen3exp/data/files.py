@@ -27,7 +27,7 @@ import math
 from pathlib import Path
 
 from qwen3exp.assets import CORPUS_DIR
-from qwen3exp.data.chat.render import chat_files, records
+from qwen3exp.data.preference import source as pair_source
 from qwen3exp.data.records import check_json, check_text
 from qwen3exp.errors import Problem, nearby_path
 from qwen3exp.units import MIB
@@ -112,10 +112,8 @@ def split_problems(data, validation, ranks: int = 1) -> list[Problem]:
 
 def _pairs(data) -> int | None:
     """The records of data=preference's files (None: none there, or more than COUNT_BYTES)."""
-    files = chat_files(data.location) if Path(data.location).exists() else []
-    if not files or sum(f.stat().st_size for f in files) > COUNT_BYTES:
-        return None
-    return sum(1 for _ in records(data.location))
+    src, _ = pair_source.resolve(data)
+    return None if src is None else pair_source.count(src, COUNT_BYTES)
 
 
 def fraction_problems(n: int, fraction: float, unit: str, of: str, ranks: int = 1) -> list[Problem]:

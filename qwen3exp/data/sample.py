@@ -28,7 +28,8 @@ from qwen3exp.config.sections.data import ChatData, PreferenceData
 from qwen3exp.data.chat.files import MAX_CHECKED, conversation_count
 from qwen3exp.data.chat.render import fit, load_tokenizer, messages_of, records, render
 from qwen3exp.data.figures import separator
-from qwen3exp.data.files import data_files, document_count, held_out
+from qwen3exp.data.files import COUNT_BYTES, data_files, document_count, held_out
+from qwen3exp.data.preference import source as pair_source
 from qwen3exp.data.preference.pairs import SIDES, fit_pair, pair_of, render_pair
 from qwen3exp.data.text.hf_files import is_held_out, read_heads
 from qwen3exp.data.text.hf_source import resolve
@@ -83,21 +84,26 @@ def first_samples(exp, folder: str | Path, count: int) -> Samples:
 def _pairs(exp, folder: str | Path, count: int) -> Samples:
     """data=preference: the first `count` pairs, their chosen and rejected sides each a sample."""
     d, seq_len, tok = exp.data, exp.training.seq_len, load_tokenizer(folder)
+    src, problems = pair_source.resolve(d)
+    if src is None:
+        raise ValueError(problems[0].message)
     skipped: list[str] = []
-    held, out = _held(conversation_count(d.location), exp.validation.held_out, "pairs", skipped), list[Sample]()
+    held = _held(pair_source.count(src, COUNT_BYTES), exp.validation.held_out, "pairs", skipped)
+    out: list[Sample] = []
 
     def decode(ids: list[int]) -> str:
         return tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
-    for i, (f, line_no, line) in enumerate(records(d.location, MAX_READ)):
+    for i, (f, number, record) in enumerate(pair_source.rows(src, MAX_READ)):
         if len(out) >= 2 * count:
             break
-        fitted = None if i in held else fit_pair(render_pair(tok, pair_of(line)), seq_len, d.max_len_policy)
+        fitted = None if i in held else fit_pair(render_pair(tok, pair_of(record)), seq_len, d.max_len_policy)
         for side, r in zip(SIDES, fitted or (), strict=False):
             trained = [False, *r.trained[1:]]
-            label = f"pair {i + 1}, {side} ({f.name} line {line_no})"
+            label = f"pair {i + 1}, {side} ({src.place(f, number)})"
             out.append(Sample(label, _pieces(decode, r.ids, trained), len(r.ids), sum(trained)))
-    return Samples(f"data=preference: {d.location}", "the final answer and its end-of-turn token", out, skipped)
+    where = pair_source.describe(d)
+    return Samples(f"data=preference: {where}", "the final answer and its end-of-turn token", out, skipped)
 
 
 def _pieces(decode, ids: list[int], trained: list[bool]) -> tuple[tuple[str, bool], ...]:

@@ -115,15 +115,11 @@ def problems(objective, data, training, exp=None) -> list[Problem]:
 
 def not_yet(exp) -> list[Problem]:
     """What preference training does not support yet (issue 40's later slices), refused rather than
-    run wrongly: pipeline, tensor, context and expert parallelism (on either backend); resumable
-    checkpoints of a full fine-tune with a reference (its frozen copy is not saved)."""
+    run wrongly: pipeline, tensor, context and expert parallelism (on either backend)."""
     kind, out = exp.objective.kind, []
     later = "not implemented yet for preference objectives"
     for key in ("pp", "tp", "cp", "ep"):
         if getattr(exp.parallelism, key) != 1:
             value = getattr(exp.parallelism, key)
             out.append(Problem(f"parallelism.{key}", value, f"objective={kind}: {later}", "1 (FSDP only)"))
-    if of(exp.objective).REFERENCE and exp.peft.kind != "lora" and exp.checkpoint.save:
-        why = "a full fine-tune's reference (a frozen copy of the starting weights) is not checkpointed yet"
-        out.append(Problem("checkpoint.save", True, f"objective={kind}: {why}", "false, or peft=lora"))
     return out

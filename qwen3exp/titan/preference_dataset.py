@@ -6,8 +6,9 @@ Each side is rendered by the run's chat template with chat SFT's mask of the fin
 training.seq_len (a pair with a side that does not fit: data.max_len_policy, drop or truncate) and
 laid out as data=chat lays out one conversation (`chat_dataset.sample`: inputs, positions 0..seq_len-1,
 labels the next token where counted, else -100, padding untrained). The pairs are dealt out
-round-robin over the data-parallel ranks, read in file order in the first epoch and reshuffled after
-(as data=chat); the read position (the next pair) is saved with dcp checkpoints.
+round-robin over the data-parallel ranks (data.path's JSON lines, or the rows of a dataset's files:
+`qwen3exp.data.preference.source`, the records the checks and the plan read), read in file order in
+the first epoch and reshuffled after (as data=chat); the read position (the next pair) is saved with dcp checkpoints.
 """
 
 from __future__ import annotations
@@ -21,14 +22,16 @@ from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
 
 from qwen3exp.data.chat.render import load_tokenizer
+from qwen3exp.data.files import held_out
+from qwen3exp.data.preference import source as pair_source
 from qwen3exp.data.preference.pairs import fit_pair, pair_of, render_pair
-from qwen3exp.titan.chat_dataset import ALL, ChatDataLoader, part_of, sample, split_of
+from qwen3exp.titan.chat_dataset import ALL, VALIDATION, ChatDataLoader, part_of, sample, split_of
 
 
 class PreferenceDataset(IterableDataset, Stateful):
     def __init__(self, config: PreferenceDataLoader.Config, *, seq_len: int, dp_rank: int, dp_world_size: int):
         self.config, self.seq_len = config, seq_len
-        self._lines = part_of(config.path, config.part, config.fraction)[dp_rank::dp_world_size]
+        self._lines = _part(config)[dp_rank::dp_world_size]
         self._tok = load_tokenizer(config.tokenizer_path)
         pad = self._tok.pad_token_id if self._tok.pad_token_id is not None else self._tok.eos_token_id
         self._pad = int(pad or 0)
@@ -68,13 +71,28 @@ class PreferenceDataset(IterableDataset, Stateful):
         self._pair_idx, self._epoch = state_dict["pair_idx"], state_dict["epoch"]
 
 
+def _part(c: PreferenceDataLoader.Config) -> list[str | dict[str, Any]]:
+    """The records (JSON lines, or a dataset's rows) of the part the loader reads (`chat_dataset.part_of`)."""
+    if c.builder == pair_source.JSONL:
+        return list(part_of(c.path, c.part, c.fraction))
+    rows = [record for _, _, record in pair_source.rows(pair_source.PairFiles("", c.path, c.builder, c.files, ""))]
+    if c.part == ALL or c.fraction is None:
+        return rows
+    held = set(held_out(len(rows), c.fraction))
+    return [r for i, r in enumerate(rows) if (i in held) == (c.part == VALIDATION)]
+
+
 class PreferenceDataLoader(ChatDataLoader):
     """torchtitan's dataloader over `PreferenceDataset` (built by the trainer)."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(ParallelAwareDataloader.Config):  # not ChatDataLoader's: no messages_field, loss_on, pack
         path: str = ""
-        """data.path (or the bundled pairs)."""
+        """data.path (or the bundled pairs); with a dataset's files, data.name or data.files (shown in errors)."""
+        builder: str = pair_source.JSONL
+        """jsonl (data.path's JSON lines), or the format of a dataset's `files` (parquet, json, arrow, csv)."""
+        files: tuple[str, ...] = ()
+        """A dataset's files (data.name or data.files, resolved as the plan resolved them)."""
         max_len_policy: str = "drop"
         tokenizer_path: str = ""
         """The run's tokenizer folder (hf_assets_path): its chat template renders both sides."""
@@ -90,6 +108,20 @@ def loader_config(exp, tokenizer_path: str, *, validation: bool = False) -> Pref
     """The dataloader of data=preference for training, or for the validator (the held-out pairs, or
     all of validation.path)."""
     path, part, fraction = split_of(exp, validation)
+    d = exp.data
+    if (d.name is None and d.files is None) or (validation and exp.validation.path is not None):
+        return PreferenceDataLoader.Config(
+            path=path, max_len_policy=d.max_len_policy, tokenizer_path=tokenizer_path, part=part, fraction=fraction
+        )
+    src, problems = pair_source.resolve(d)
+    if src is None:  # the launcher's checks passed: the files changed since
+        raise ValueError(f"data=preference: {problems[0].key}: {problems[0].message}")
     return PreferenceDataLoader.Config(
-        path=path, max_len_policy=exp.data.max_len_policy, tokenizer_path=tokenizer_path, part=part, fraction=fraction
+        path=src.value,
+        builder=src.builder,
+        files=src.files,
+        max_len_policy=d.max_len_policy,
+        tokenizer_path=tokenizer_path,
+        part=part,
+        fraction=fraction,
     )

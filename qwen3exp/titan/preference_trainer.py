@@ -17,8 +17,9 @@ The reference is the policy's starting weights, held without a second model:
   place for the reference pass (one weight's worth of temporary memory at a time). Chosen over
   precomputed reference log-probs because it needs no extra pass over the data and stays exact for
   any order, epoch and data-parallel layout; the price is one more copy of the weights per rank
-  (the plan says which one is used). The copy is not checkpointed: a resumable run
-  (checkpoint.save) with a full-fine-tune reference is refused before launch.
+  (the plan says which one is used). The copy is saved with each dcp checkpoint (the trainer's own
+  state, beside the step: `state_dict`), so a resumed run's reference is the starting weights it
+  was taken from, never the trained weights it resumes.
 CUDA graphs are off for these runs: the reference pass and the metrics are Python between the
 captured calls.
 """
@@ -115,6 +116,25 @@ class PreferenceTrainer(Trainer):
         if self.loss_fn.module.REFERENCE:
             self.loss_fn.reference = self._reference_logps(inputs, labels, extra)
         return self.fwd_bwd_fn(inputs, labels, global_valid_tokens, extra)
+
+    def _full_reference(self) -> bool:
+        return bool(self.loss_fn.module.REFERENCE) and not self.config.lora
+
+    def state_dict(self) -> dict:
+        """torchtitan's train state (step, tokens seen) and, for a full fine-tune's reference, its
+        frozen copy (taken now from the model's tensors when a resume asks for the layout to load
+        into: the checkpoint's values replace them)."""
+        state = Trainer.state_dict(self)
+        if self._full_reference():
+            if self._copy is None:
+                self._copy = [p.detach().clone() for _, p in self._trainable()]
+            state["reference"] = {n: c for (n, _), c in zip(self._trainable(), self._copy, strict=True)}
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        Trainer.load_state_dict(self, state_dict)
+        if self._full_reference():
+            self._copy = [state_dict["reference"][n] for n, _ in self._trainable()]
 
     def _metrics(self) -> dict[str, float]:
         """The pair metrics since the last logged step, summed over the ranks (every rank calls it)."""

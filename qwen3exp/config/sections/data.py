@@ -46,11 +46,10 @@ class LocalData(PackedText):
     end-of-text token (`<|endoftext|>` when the tokenizer has it, else its eos_token)."""
 
 
-class HFData(PackedText):
-    """A Hugging Face dataset read as plain text: by name from the local Hugging Face cache, or
-    local files (parquet, jsonl/json, arrow, csv). Exactly one of `name` and `files`."""
+class DatasetFiles(Strict):
+    """Where a Hugging Face dataset's files are (data=hf, data=preference): by name in the local
+    Hugging Face cache or local files, resolved by `qwen3exp.data.text.hf_source`."""
 
-    source: Literal["hf"] = "hf"
     name: str | None = None
     """A dataset repo id in the local Hugging Face cache (HF_HUB_CACHE or HF_HOME): `org/name`, or
     `org/name@revision`; nothing is downloaded (`hf download org/name --repo-type dataset` fetches it)."""
@@ -60,6 +59,13 @@ class HFData(PackedText):
     """The split to train on (a dataset folder's split files, or its README's `configs`)."""
     subset: str | None = None
     """The subset (a `config_name` of the dataset's README); null: its default."""
+
+
+class HFData(PackedText, DatasetFiles):
+    """A Hugging Face dataset read as plain text: by name from the local Hugging Face cache, or
+    local files (parquet, jsonl/json, arrow, csv). Exactly one of `name` and `files`."""
+
+    source: Literal["hf"] = "hf"
     text_field: str = "text"
     """The column that holds each document's text."""
     streaming: bool = False
@@ -120,7 +126,7 @@ class ChatData(Strict):
         return self.path if self.path is not None else str(ASSETS / "chat")
 
 
-class PreferenceData(Strict):
+class PreferenceData(DatasetFiles):
     """Preference pairs for objective=dpo, orpo or simpo: each record a prompt with a chosen and a
     rejected answer, both rendered by the tokenizer's chat template as chat SFT renders a
     conversation (`qwen3exp.data.chat.render`), a completion's log-prob taken over the final
@@ -133,10 +139,39 @@ class PreferenceData(Strict):
     """A .jsonl file, or a folder of them: one pair per line, {"prompt", "chosen", "rejected"}
     (prompt a string or a list of messages: system, user, earlier assistant turns; chosen and
     rejected a string or a list of one assistant message), or {"chosen", "rejected"} as whole
-    conversations sharing their prompt (the implicit-prompt format). null: the pairs shipped with
-    qwen3exp (qwen3exp/assets/preference), built from the bundled conversations."""
+    conversations sharing their prompt (the implicit-prompt format). null (and no data.name or
+    data.files): the pairs shipped with qwen3exp (qwen3exp/assets/preference), built from the bundled
+    conversations. A dataset's files (data.name, data.files) hold the same records as columns
+    prompt (optional), chosen and rejected; its other columns are not read (the plan names them)."""
     max_len_policy: Literal["drop", "truncate"] = "drop"
     """A side longer than training.seq_len + 1 tokens: the pair is dropped, or that side cut to that length."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PreferenceData:
+        given = [k for k in ("path", "name", "files") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(
+                tagged(
+                    given[1],
+                    getattr(self, given[1]),
+                    f"data=preference reads one source of records, and {' and '.join(given)} are given",
+                    "one of data.path (JSON lines), data.name (a cached dataset) and data.files; "
+                    "none: the bundled pairs",
+                )
+            )
+        if self.name is None and self.files is None:
+            for key in ("split", "subset"):
+                default = DatasetFiles.model_fields[key].default
+                if getattr(self, key) != default:
+                    raise ValueError(
+                        tagged(
+                            key,
+                            getattr(self, key),
+                            "chooses a dataset's files, and neither data.name nor data.files is given",
+                            repr(default) if default else "null",
+                        )
+                    )
+        return self
 
     @property
     def causal_attention(self) -> bool:
@@ -145,8 +180,9 @@ class PreferenceData(Strict):
 
     @property
     def location(self) -> str:
-        """data.path, or the folder of the bundled pairs."""
-        return self.path if self.path is not None else str(ASSETS / "preference")
+        """What the records are read from: data.path, data.files, data.name, or the folder of the bundled pairs."""
+        given = self.path or self.files or self.name
+        return given if given is not None else str(ASSETS / "preference")
 
 
 Kind = Annotated[BundledData | LocalData | HFData | ChatData | PreferenceData, Field(discriminator="source")]

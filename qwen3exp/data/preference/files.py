@@ -13,7 +13,9 @@ from pathlib import Path
 
 from qwen3exp.config.sections.data import PreferenceData
 from qwen3exp.data.chat import files as chat_files
-from qwen3exp.data.chat.render import BadRecord, load_tokenizer, records
+from qwen3exp.data.chat.render import BadRecord, load_tokenizer
+from qwen3exp.data.files import COUNT_BYTES
+from qwen3exp.data.preference import source
 from qwen3exp.data.preference.pairs import fit_pair, pair_of, render_pair
 from qwen3exp.errors import Problem
 from qwen3exp.objectives import registry
@@ -41,7 +43,9 @@ def record_problems(
     if not isinstance(data, PreferenceData):
         return problems
     own = validation is not None and validation.enable and validation.path is not None
-    path = chat_files._path_problems("data.path", data.location)
+    _, path = source.resolve(data)
+    if data.name is None and data.files is None:
+        path = chat_files._path_problems("data.path", data.location)
     path += chat_files._path_problems("validation.path", validation.path) if own else []
     if path:
         return problems + path
@@ -53,24 +57,30 @@ def record_problems(
             return [*problems, Problem("data.source", "preference", str(e), "a tokenizer with a chat template")]
     problems += _pair_problems(data, tok)
     if own:
-        problems += _pair_problems(data.model_copy(update={"path": validation.path}), tok, "validation.path")
+        held = data.model_copy(update={"path": validation.path, "name": None, "files": None})
+        problems += _pair_problems(held, tok, "validation.path")
     return problems  # the held-out split against the data-parallel ranks: `data_files.split_problems`
 
 
 def _pair_problems(data: PreferenceData, tok, key: str = "data.path") -> list[Problem]:
-    root, out, bad = Path(data.location), list[Problem](), 0
-    for f, line_no, line in records(data.location, chat_files.MAX_CHECKED):
-        try:
-            pair = pair_of(line)
-            if tok is not None:
-                render_pair(tok, pair)
-        except BadRecord as e:
-            bad += 1
-            if len(out) < chat_files.MAX_REPORTED:
-                shown = str(f.relative_to(root)) if root.is_dir() else f.name
-                out.append(Problem(key, data.location, f"{shown} line {line_no}: {e.key} {e.message}", _ALLOWED))
-        except UnicodeDecodeError as e:
-            return [Problem(key, data.location, f"{f.name} is not UTF-8 ({e.reason})", _ALLOWED)]
+    src, _ = source.resolve(data, key)
+    if src is None:
+        return []
+    out, bad = list[Problem](), 0
+    try:
+        for f, number, record in source.rows(src, chat_files.MAX_CHECKED):
+            try:
+                pair = pair_of(record)
+                if tok is not None:
+                    render_pair(tok, pair)
+            except BadRecord as e:
+                bad += 1
+                if len(out) < chat_files.MAX_REPORTED:
+                    out.append(Problem(src.key, src.value, f"{src.place(f, number)}: {e.key} {e.message}", _ALLOWED))
+    except UnicodeDecodeError as e:
+        return [Problem(src.key, src.value, f"a file is not UTF-8 ({e.reason})", _ALLOWED)]
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        return [Problem(src.key, src.value, f"cannot be read ({e})", _ALLOWED)]
     if bad > len(out):
         last = out[-1]
         out[-1] = Problem(last.key, last.value, f"{last.message} (and {bad - len(out)} more bad record(s))", _ALLOWED)
@@ -95,18 +105,18 @@ class PairStats:
 
 def stats(data: PreferenceData, tokenizer_folder: str | Path, seq_len: int) -> PairStats:
     """The plan's figures for data=preference (cached per data set as it is on disk)."""
-    files = chat_files.chat_files(data.location)
-    stamp = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
-    return _stats(data.location, data.max_len_policy, str(tokenizer_folder), seq_len, stamp)
+    src, problems = source.resolve(data)
+    assert src is not None, problems  # the checks before the plan named them
+    return _stats(src, data.max_len_policy, str(tokenizer_folder), seq_len, source.stamp(src))
 
 
 @functools.lru_cache(maxsize=16)
-def _stats(path: str, policy: str, tokenizer_folder: str, seq_len: int, _stamp: tuple) -> PairStats:
+def _stats(src: source.PairFiles, policy: str, tokenizer_folder: str, seq_len: int, _stamp: tuple) -> PairStats:
     tok = load_tokenizer(tokenizer_folder)
     checked = tokens = chosen = rejected = dropped = truncated = 0
-    for _, _, line in records(path, chat_files.MAX_CHECKED):
+    for _, _, record in source.rows(src, chat_files.MAX_CHECKED):
         checked += 1
-        sides = render_pair(tok, pair_of(line))
+        sides = render_pair(tok, pair_of(record))
         fitted = fit_pair(sides, seq_len, policy)
         if fitted is None:
             dropped += 1
@@ -115,7 +125,7 @@ def _stats(path: str, policy: str, tokenizer_folder: str, seq_len: int, _stamp: 
         tokens += sum(len(f.ids) - 1 for f in fitted)
         chosen += sum(fitted[0].trained[1:])
         rejected += sum(fitted[1].trained[1:])
-    return PairStats(checked, chat_files.conversation_count(path), tokens, chosen, rejected, dropped, truncated)
+    return PairStats(checked, source.count(src, COUNT_BYTES), tokens, chosen, rejected, dropped, truncated)
 
 
 def figures(exp, folder: Path, global_batch_size: int) -> tuple:
@@ -139,11 +149,22 @@ def plan_lines(exp, tokenizer_folder: Path) -> list[str]:
     ref = "no reference" if not registry.of(exp.objective).REFERENCE else _reference(exp)
     kept = max(1, s.checked - s.dropped)
     return [
+        *_source_lines(d),
         f"pairs:      {of} pairs: {s.tokens:,} tokens; counted (final answer + end of turn): chosen "
         f"{s.chosen / kept:.1f}, rejected {s.rejected / kept:.1f} tokens per pair",
         f"            at seq_len {exp.training.seq_len}: {s.dropped} dropped, {s.truncated} truncated "
         f"(data.max_len_policy={d.max_len_policy}); objective={exp.objective.kind}, {ref}",
     ]
+
+
+def _source_lines(d: PreferenceData) -> list[str]:
+    """A dataset's files (data.name, data.files): where, the split, the columns read and not read."""
+    src, _ = source.resolve(d)
+    if src is None or src.builder == source.JSONL:
+        return []
+    other = source.other_columns(src)
+    unread = f"; not read: {', '.join(other)}" if other else ""
+    return [f"data:       {source.describe(d)}; split {d.split}; columns {', '.join(source.COLUMNS)}{unread}"]
 
 
 def _reference(exp) -> str:

@@ -37,9 +37,10 @@ class Pair:
         return [*self.prompt, self.chosen if name == "chosen" else self.rejected]
 
 
-def pair_of(line: str) -> Pair:
-    """The pair of one JSON line, or BadRecord naming the record's key that is wrong."""
-    record = json_record(line)
+def pair_of(line: str | dict[str, Any]) -> Pair:
+    """The pair of one JSON line (or of a dataset's row, `qwen3exp.data.preference.source`), or
+    BadRecord naming the record's key that is wrong."""
+    record = line if isinstance(line, dict) else json_record(line)
     for side in SIDES:
         if side not in record:
             raise BadRecord(side, f"is missing (the record's keys: {sorted(record)})")
