@@ -157,8 +157,8 @@ def test_the_realised_shares_follow_the_weights_on_two_ranks(two_ranks):
     s = read_summary(two_ranks)
     assert s["status"] == "completed" and s["steps_completed"] == 16
     _assert_shares(s)
-    # The counts are every data-parallel rank's, summed: one file each.
-    assert sorted(p.name for p in (two_ranks / "logs" / "data_tokens").iterdir()) == ["dp_rank0.json", "dp_rank1.json"]
+    # The counts are every data-parallel rank's, summed: one file per rank.
+    assert sorted(p.name for p in (two_ranks / "logs" / "data_tokens").iterdir()) == ["rank0.json", "rank1.json"]
 
 
 @pytest.mark.slow  # trains: 32 steps on 1 CPU rank
