@@ -194,3 +194,35 @@ def test_a_one_source_mixture_trains_exactly_as_that_source_alone(conf, tmp_path
     s = _mixed(conf, run, "data=mix1", *TINY, "launcher.nproc_per_node=2")
     assert [r["loss"] for r in read_metrics(run)] == reference_losses
     assert set(s["data_tokens"]) == {"web"} and s["data_tokens"]["web"] == 6 * 2 * 2 * 64  # steps x ranks x batch x seq
+
+
+@pytest.mark.slow  # imports torchtitan and renders pairs with the bundled tokenizer (no training)
+def test_a_mixture_of_pair_sets_draws_whole_pairs(tmp_path):
+    from qwen3exp.assets import ASSETS, TOKENIZER_DIR
+    from qwen3exp.titan.mixture_dataset import MixtureDataLoader, MixtureDataset, SourceSpec
+    from qwen3exp.titan.preference_dataset import PreferenceDataLoader
+
+    pairs = ASSETS / "preference" / "train.jsonl"
+    four = tmp_path / "four.jsonl"  # source b: 4 pairs, capped after one epoch
+    four.write_text("".join(pairs.read_text().splitlines(keepends=True)[:4]))
+    specs = [
+        SourceSpec(
+            name=n,
+            weight=w,
+            max_epochs=cap,
+            loader=PreferenceDataLoader.Config(path=str(p), tokenizer_path=str(TOKENIZER_DIR)),
+        )
+        for n, w, p, cap in (("a", 0.7, pairs, None), ("b", 0.3, four, 1.0))
+    ]
+    config = MixtureDataLoader.Config(sources=specs, record_dir=str(tmp_path), record_every=8)
+    ds = MixtureDataset(config, tokenizer=None, seq_len=192, dp_rank=0, dp_world_size=1)
+    rows = [x for _, x in zip(range(80), ds, strict=False)]
+    for (chosen, chosen_labels), (rejected, _) in zip(rows[::2], rows[1::2], strict=True):
+        # Rows 2i and 2i + 1 are one pair's sides: the same prompt up to the first trained token.
+        answer = int((chosen_labels != -100).nonzero()[0])
+        assert chosen["input"][:answer].tolist() == rejected["input"][:answer].tolist()
+        assert not chosen["input"].equal(rejected["input"])
+    # b is read once (its 4 pairs) and then capped: a fills its place.
+    assert ds.blend.draws == [36, 4] and ds.blend.capped == [False, True]
+    record = json.loads((tmp_path / "logs" / "data_tokens" / "rank0.json").read_text())
+    assert record == {"dp_rank": 0, "tokens": ds.tokens()}  # written after every 8th row: the 80th
