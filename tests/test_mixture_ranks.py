@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import read_metrics, read_summary, run_cli
+from conftest import compose, read_metrics, read_summary, run_cli
 from qwen3exp.data.mixture import Blend, allotment, pick, shares
 from runprocs import TINY
 
@@ -226,3 +226,17 @@ def test_a_mixture_of_pair_sets_draws_whole_pairs(tmp_path):
     assert ds.blend.draws == [36, 4] and ds.blend.capped == [False, True]
     record = json.loads((tmp_path / "logs" / "data_tokens" / "rank0.json").read_text())
     assert record == {"dp_rank": 0, "tokens": ds.tokens()}  # written after every 8th row: the 80th
+
+
+def test_plain_text_sources_with_different_separators_are_refused():
+    # One tokenizer appends one eos_id to every text document: a second separator would be dropped.
+    from qwen3exp.config.schema import validate_experiment
+    from qwen3exp.config.sections.mixture import MixedBundled, MixtureData
+    from qwen3exp.titan.mixture_config import _text_source
+
+    exp = validate_experiment(compose())
+    same = MixtureData(sources={"a": MixedBundled(), "b": MixedBundled(weight=2)})
+    assert _text_source(exp.model_copy(update={"data": same})).data == MixedBundled()
+    two = MixtureData(sources={"a": MixedBundled(), "b": MixedBundled(eos="<|im_end|>")})
+    with pytest.raises(ValueError, match=r"data.sources.b.eos"):
+        _text_source(exp.model_copy(update={"data": two}))
