@@ -1,0 +1,148 @@
+"""Validation of a data mixture (data=mix): one held-out loss per source, and their token-weighted mean.
+
+Each source of data.sources is validated on its own held-out records, read by its kind's own
+validation loader, exactly as a run of that one source would read them: plain text (bundled, local,
+hf) through the held-out split of `qwen3exp.titan.dataset` (the source's validation.fraction of its
+documents, or all of its `validation_path`), conversations through `qwen3exp.titan.chat_dataset`'s
+validation side. This module only composes them (`source_loaders`): it sees each source as the data
+section of a one-source experiment (`source_view`), so no kind's code knows about mixtures.
+
+At each validation (`MixtureValidator.validate`), validation.steps batches of every source go
+through the model without gradients, as torchtitan's validator runs them (the same loss function,
+the same context, -100 labels left out); for each source the loss sum and the count of its trained
+tokens are summed over the data-parallel ranks. The row in metrics.jsonl (`qwen3exp.titan.metrics`):
+`val_loss`, the summed loss of every source over their summed tokens (the token-weighted mean of the
+sources' losses), and `val_loss_<source>`, each source's own mean; TensorBoard and W&B get them as
+`validation_metrics/loss_<source>`. The samples of eval.samples follow, as for a single source.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+from torchtitan.components.dataloader import BaseDataLoader
+from torchtitan.components.loss import IGNORE_INDEX
+from torchtitan.distributed import utils as dist_utils
+from torchtitan.tools import utils
+from torchtitan.tools.logging import logger
+
+from qwen3exp.config.sections.data import ChatData, PreferenceData
+from qwen3exp.titan import chat_dataset, dataset
+from qwen3exp.titan.metrics import SOURCE_LOSS_PREFIX
+from qwen3exp.titan.validator import FinalStepValidator, sample_settings
+
+SOURCE_DATASET = dataset.VALIDATION_NAME + "_{name}"
+"""The name a text source's held-out documents are registered under in torchtitan's dataset table."""
+
+
+class MixtureValidator(FinalStepValidator):
+    @dataclass(kw_only=True, slots=True)
+    class Config(FinalStepValidator.Config):
+        sources: dict[str, BaseDataLoader.Config] = field(default_factory=dict)
+        """Source name -> the dataloader of its held-out records (its kind's validation loader)."""
+
+    def validate(self, model_parts, step: int) -> None:
+        (model,) = model_parts  # pipeline parallelism is refused with a mixture's validation before launch
+        names = list(self.config.sources)
+        sums = torch.zeros(len(names), dtype=torch.float32, device=utils.device_type)
+        tokens = torch.zeros(len(names), dtype=torch.int64, device=utils.device_type)
+        model.eval()
+        try:
+            with torch.no_grad():
+                for i, name in enumerate(names):
+                    sums[i], tokens[i] = self.source_sums(model, model_parts, self.config.sources[name])
+        finally:
+            model.train()
+        pd = self.parallel_dims
+        if pd.dp_enabled:  # tokens counted before context-parallel sharding, as torchtitan counts them
+            tokens = dist_utils.dist_sum_tensor(tokens, pd.get_mesh("batch"))
+        if pd.dp_cp_enabled:
+            sums = dist_utils.dist_sum_tensor(sums, pd.get_optional_mesh("loss"))
+        losses, total = per_source(names, sums.tolist(), tokens.tolist())
+        self.metrics_processor.log_validation(
+            loss=total, step=step, extra_metrics={SOURCE_LOSS_PREFIX + n: v for n, v in losses.items()}
+        )
+        logger.info(f"validate step {step:2} per source: " + "  ".join(f"{n}: {v:7.4f}" for n, v in losses.items()))
+        if self.sampler is not None:
+            self.answer_samples(self.sampler, model_parts, step)
+
+    def source_sums(self, model, model_parts, dl_config) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this rank's summed loss, its trained tokens) over validation.steps batches of one source."""
+        loader = replace(dl_config, infinite=True).build(
+            dp_world_size=self.dp_world_size,
+            dp_rank=self.dp_rank,
+            tokenizer=self.tokenizer,
+            seq_len=self.seq_len,
+            local_batch_size=self.local_batch_size,
+        )
+        device = utils.device_type
+        loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+        count = torch.zeros((), dtype=torch.int64, device=device)
+        for _, (input_dict, labels) in zip(range(self.config.steps), loader, strict=False):
+            self.metrics_processor.ntokens_since_last_log += labels.numel()
+            input_dict = {k: v.to(device) for k, v in input_dict.items()}
+            labels = labels.to(device)
+            count += (labels != IGNORE_INDEX).sum()
+            inputs, labels, extra = self.post_dataloading_process(input_dict, labels, model_parts)
+            with self.validation_context():
+                loss, _ = self.loss_fn(model(inputs, **extra), labels)
+            loss_sum += loss.detach().to_local() if hasattr(loss, "to_local") else loss.detach()
+        return loss_sum, count
+
+
+def per_source(names: list[str], sums: list[float], tokens: list[int]) -> tuple[dict[str, float], float]:
+    """({source: its mean loss per trained token}, the mean over all sources' tokens); NaN where a
+    source gave no trained token (written as null)."""
+    losses = {n: s / t if t else math.nan for n, s, t in zip(names, sums, tokens, strict=True)}
+    total = sum(sums) / sum(tokens) if sum(tokens) else math.nan
+    return losses, total
+
+
+def source_view(exp, name: str):
+    """The experiment as a run of source `name` alone: its data section is the source (a kind's
+    class), its validation path the source's own `validation_path`."""
+    src = exp.data.sources[name]
+    validation = exp.validation.model_copy(update={"path": src.validation_path})
+    return exp.model_copy(update={"data": src, "validation": validation})
+
+
+def source_loaders(exp, tokenizer_path: str, data_path: Callable) -> dict[str, BaseDataLoader.Config]:
+    """Source name -> the validation loader its kind builds for a run of that source alone (`data_path`:
+    an experiment -> its data's files, `qwen3exp.titan.job_config.data_path`)."""
+    from torchtitan.hf_datasets.text_datasets import DATASETS, HuggingFaceTextDataLoader  # lazy: torchtitan
+
+    out: dict[str, BaseDataLoader.Config] = {}
+    for name in exp.data.sources:
+        view = source_view(exp, name)
+        d, v = view.data, view.validation
+        if isinstance(d, PreferenceData):
+            raise ValueError(f"data.sources.{name}: a preference source has no per-source validation yet")
+        if isinstance(d, ChatData):
+            out[name] = chat_dataset.loader_config(view, tokenizer_path, validation=True)
+            continue
+        path = v.path if v.path is not None else str(data_path(view))
+        text_field = d.text_field if d.source == "local" else "text"
+        hf = dataset.hf(d) if v.path is None else None
+        registered = dataset.register_validation(path, text_field, held_out_fraction=v.held_out, hf=hf)
+        own = SOURCE_DATASET.format(name=name)
+        DATASETS[own] = DATASETS[registered]  # one entry per source (the kind registers one name)
+        out[name] = HuggingFaceTextDataLoader.Config(dataset=own, dataset_path=path, infinite=True)
+    return out
+
+
+def mixture_config(exp, tokenizer_path: str, vocab_size: int, data_path: Callable) -> MixtureValidator.Config:
+    """The validator of a data=mix run with validation on: one loss per source, and eval.samples."""
+    v = exp.validation
+    loaders = source_loaders(exp, tokenizer_path, data_path)
+    return MixtureValidator.Config(
+        enable=True,
+        freq=v.freq,
+        steps=v.steps,
+        last_step=exp.training.steps,
+        **sample_settings(exp.eval, tokenizer_path, vocab_size),
+        dataloader=next(iter(loaders.values())),  # torchtitan's field; `validate` reads `sources`
+        sources=loaders,
+    )

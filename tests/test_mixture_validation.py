@@ -1,0 +1,210 @@
+"""data=mix: validation per source (issue 41), its metrics, the report, and the sweep objective.
+
+Fast (in-process, no training):
+- the mixture's validator weighs each source by its trained tokens: on fake batches, `val_loss` is the
+  summed loss of every source over their summed tokens (-100 labels left out), `val_loss_<source>`
+  each source's own mean, over validation.steps batches per source;
+- the validation row of metrics.jsonl, the console's validation line, summary.json's fields and the
+  objective's value carry `val_loss_<source>`;
+- `sweep.objective=val_loss_<source>` is accepted for a source of data.sources (minimized); a name
+  that is no source exits 2 naming the key, the value and the sources allowed;
+- `qwen3exp report` shows each run's normalised weight next to its validation loss of each source,
+  and a run without a mixture shows no such column.
+
+Slow (the real command line, tiny model, CPU): see the tests marked slow below.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import yaml
+
+from conftest import run_cli
+from qwen3exp.config.schema import check_experiment
+
+SOURCES = {"corpus": {"source": "bundled", "weight": 0.7}, "chats": {"source": "chat", "weight": 0.3}}
+MIX_CONF = {
+    "data/mix.yaml": "defaults:\n  - /schema/data/mix@_here_\n  - _self_\n\nsource: mix\n",
+    "experiment/mixv.yaml": (
+        "# @package _global_\n"
+        "defaults:\n  - override /model: native\n  - override /platform: auto\n  - override /data: mix\n\n"
+        "name: mixv\n"
+        "data:\n  sources:\n"
+        "    corpus: {source: bundled, weight: 0.7}\n"
+        "    chats: {source: chat, weight: 0.3}\n"
+        "training: {steps: 4, seq_len: 192, local_batch_size: 4, lr: 3.0e-3, warmup_steps: 1}\n"
+        "validation: {freq: 2, steps: 1}\n"
+        "metrics: {tensorboard: false}\n"
+    ),
+}
+"""A test-local conf/ (--config-dir): data=mix and a two-source experiment (the bundled corpus and
+the bundled conversations)."""
+
+
+def mix_conf(tmp_path: Path) -> Path:
+    conf = tmp_path / "conf"
+    for name, body in MIX_CONF.items():
+        (conf / name).parent.mkdir(parents=True, exist_ok=True)
+        (conf / name).write_text(body)
+    return conf
+
+
+# ------------------------------------------------------------------ fast: the validator's sums
+@dataclass(kw_only=True)
+class FakeLoader:
+    """A dataloader config whose `build` yields fixed (inputs, labels) batches."""
+
+    batches: list
+    infinite: bool = True
+
+    def build(self, **_kwargs):
+        return iter(self.batches)
+
+
+def _batches(seed: int, n: int, masked: int):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        ids = torch.randint(0, 11, (2, 6), generator=g)
+        labels = torch.randint(0, 11, (2, 6), generator=g)
+        labels[:, :masked] = -100
+        out.append(({"input": ids}, labels))
+    return out
+
+
+def _ce_sum(pred, y):
+    import torch.nn.functional as F
+
+    return F.cross_entropy(pred.flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum")
+
+
+def test_the_mixture_validator_weighs_each_source_by_its_trained_tokens(monkeypatch):
+    import torch
+    from torchtitan.tools import utils
+
+    monkeypatch.setattr(utils, "device_type", "cpu")  # the ranks' platform sets it; here no accelerator
+
+    from qwen3exp.titan.metrics import SOURCE_LOSS_PREFIX
+    from qwen3exp.titan.mixture_validator import MixtureValidator
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(11, 8), torch.nn.Linear(8, 11))
+    sources = {"web": _batches(1, 3, masked=1), "code": _batches(2, 3, masked=4)}
+    logged: list = []
+    metrics = SimpleNamespace(ntokens_since_last_log=0, log_validation=lambda **kw: logged.append(kw))
+    loaders = {n: FakeLoader(batches=b) for n, b in sources.items()}
+    config = MixtureValidator.Config(enable=True, steps=2, dataloader=FakeLoader(batches=[]), sources=loaders)
+    validator = MixtureValidator(
+        config,
+        parallelism=SimpleNamespace(spmd_backend="spmd_types"),
+        dp_world_size=1,
+        dp_rank=0,
+        tokenizer=None,
+        parallel_dims=SimpleNamespace(dp_enabled=False, dp_cp_enabled=False, cp_enabled=False, pp_enabled=False),
+        loss_fn=lambda pred, y: (_ce_sum(pred, y), {}),
+        validation_context=contextlib.nullcontext,
+        metrics_processor=metrics,
+        seq_len=6,
+        local_batch_size=2,
+    )
+    validator.validate([model], step=3)
+    sums, counts = {}, {}
+    with torch.no_grad():
+        for name, batches in sources.items():
+            xs, ys = torch.cat([b[0]["input"] for b in batches[:2]]), torch.cat([b[1] for b in batches[:2]])
+            sums[name] = _ce_sum(model(xs), ys).item()
+            counts[name] = int((ys != -100).sum())
+    (row,) = logged
+    assert row["step"] == 3 and model.training
+    assert counts == {"web": 20, "code": 8}  # 2 batches x 2 rows x (6 - masked) trained labels
+    for name in sources:
+        assert math.isclose(row["extra_metrics"][SOURCE_LOSS_PREFIX + name], sums[name] / counts[name], rel_tol=1e-6)
+    assert math.isclose(row["loss"], sum(sums.values()) / sum(counts.values()), rel_tol=1e-6)
+    assert metrics.ntokens_since_last_log == 2 * 2 * 2 * 6  # every position read, as torchtitan counts
+
+
+# ------------------------------------------------------- fast: the row, the console, the summary
+def test_the_validation_row_the_console_and_the_summary_carry_each_source(tmp_path):
+    from qwen3exp.run import metrics_file, objective
+    from qwen3exp.run.progress import Progress
+    from qwen3exp.titan.metrics import SOURCE_LOSS_PREFIX, JsonlLogger
+
+    log = JsonlLogger(str(tmp_path / "metrics.jsonl"), peak_flops_known=False)
+    log.log({"validation_metrics/loss": 2.5, SOURCE_LOSS_PREFIX + "web": 2.0, SOURCE_LOSS_PREFIX + "code": 3.0}, 4)
+    log.close()
+    (row,) = metrics_file.read_validation(tmp_path)
+    assert row["val_loss"] == 2.5 and row["val_loss_web"] == 2.0 and row["val_loss_code"] == 3.0
+    said: list[str] = []
+    Progress(tmp_path / "absent.jsonl", 10, lambda line, _live: said.append(line)).show(row)
+    assert said == ["qwen3exp: validation at step 4: loss 2.5000, perplexity 12.2, web 2.0000, code 3.0000"]
+    extras = metrics_file.validation_extras(row)
+    assert extras == {"val_loss_web": 2.0, "val_loss_code": 3.0}
+    value = objective.value_of("val_loss_code", last_loss=1.0, val_loss=2.5, tokens_per_second=1.0, validation=extras)
+    assert value == 3.0
+    assert objective.value_of("val_loss", last_loss=1.0, val_loss=2.5, tokens_per_second=1.0, validation=extras) == 2.5
+
+
+# ------------------------------------------------------------------ fast: sweep.objective
+def _mix(**sections) -> dict:
+    return {"name": "m", "model": {"backend": "native"}, "data": {"source": "mix", "sources": SOURCES}, **sections}
+
+
+def test_a_source_loss_is_an_objective_of_a_mixture():
+    checked = check_experiment(_mix(sweep={"objective": "val_loss_chats"}))
+    assert checked.problems == [] and checked.exp is not None
+    assert checked.exp.sweep_target == ("val_loss_chats", "minimize")
+    off = check_experiment(_mix(sweep={"objective": "val_loss_chats"}, validation={"enable": False}))
+    assert [(p.key, p.value) for p in off.problems] == [("sweep.objective", "val_loss_chats")]
+    up = check_experiment(_mix(sweep={"objective": "val_loss_chats", "direction": "maximize"}))
+    assert [p.key for p in up.problems] == ["sweep.direction"]
+
+
+def test_a_source_objective_that_names_no_source_exits_2(tmp_path):
+    conf = mix_conf(tmp_path)
+    r = run_cli("--config-dir", str(conf), "experiment=mixv", "sweep.objective=val_loss_web", "dry_run=true")
+    out = r.stdout + r.stderr
+    assert r.returncode == 2 and "Traceback" not in out, out[-3000:]
+    assert "sweep.objective" in r.stderr and "val_loss_web" in r.stderr and "names no source" in r.stderr
+    assert "val_loss_corpus" in r.stderr and "val_loss_chats" in r.stderr, r.stderr
+    one = run_cli("sweep.objective=val_loss_corpus", "dry_run=true")
+    assert one.returncode == 2 and "Traceback" not in one.stderr, one.stderr[-3000:]
+    assert "sweep.objective" in one.stderr and "data=bundled" in one.stderr and "data=mix" in one.stderr
+
+
+# ------------------------------------------------------------------------ fast: the report
+def _recorded_run(folder: Path, weights: dict | None, val: dict) -> None:
+    folder.mkdir(parents=True)
+    data = {"source": "bundled"}
+    if weights is not None:
+        data = {"source": "mix", "sources": {n: {"source": "bundled", "weight": w} for n, w in weights.items()}}
+    (folder / "experiment.yaml").write_text(yaml.safe_dump({"name": "m", "data": data}, sort_keys=False))
+    rows = [{"step": 2, "loss": 3.0}, {"step": 2, "val_loss": 3.1, "val_perplexity": 22.2, **val}]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = {"status": "completed", "steps_completed": 2, "last_loss": 3.0, "val_loss": 3.1, **val}
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+def test_the_report_shows_each_sources_weight_next_to_its_loss(tmp_path):
+    from qwen3exp.analysis.report_table import render_csv, table
+    from qwen3exp.analysis.runs import load_run
+
+    _recorded_run(tmp_path / "a", {"web": 1.0, "code": 3.0}, {"val_loss_web": 2.25, "val_loss_code": 4.5})
+    _recorded_run(tmp_path / "b", {"web": 1.0, "code": 1.0}, {"val_loss_web": 2.5, "val_loss_code": 4.0})
+    _recorded_run(tmp_path / "c", None, {})
+    t = table([load_run(tmp_path / n) for n in "abc"], root=tmp_path)
+    cols = ["weight web", "val loss web", "weight code", "val loss code"]
+    at = t.header.index("weight web")
+    assert t.header[at : at + 4] == cols and t.header[at + 4 :][:1] == ["status"]
+    by_run = {row[0]: row[at : at + 4] for row in t.rows}
+    assert by_run == {"a": [0.25, 2.25, 0.75, 4.5], "b": [0.5, 2.5, 0.5, 4.0], "c": [None, None, None, None]}
+    assert "0.250" in render_csv(t) or "0.25" in render_csv(t)
+    plain = table([load_run(tmp_path / "c")], root=tmp_path)
+    assert not any(h.startswith(("weight ", "val loss ")) for h in plain.header)
