@@ -187,7 +187,7 @@ def make_plan(
         warnings=warnings,
         layout=layout,
         step=run_step(exp, arch, shape, nproc_per_node=nproc, facts=facts),
-        data=data_figures.figures(exp, files.folder, batches).as_json(),
+        data={} if exp.data.source == "mix" else data_figures.figures(exp, files.folder, batches).as_json(),
     )
 
 

@@ -1,12 +1,13 @@
 """The conversion: a validated Experiment (+ resolved platform) -> torchtitan's `Trainer.Config`.
 
-One pure, deterministic function, run in every rank (the qwen3 `Trainer.Config` holds closures and cannot be
-pickled) and in the launcher where the plan needs the config tree (kernel overrides: matched once per plan);
-torchtitan is imported inside it only. Its one side effect, registering datasets in torchtitan's table, is idempotent.
+One pure, deterministic function, run in every rank (the qwen3 `Trainer.Config` holds closures and
+cannot be pickled), and in the launcher only where the plan needs the config tree (kernel overrides:
+their matches are computed on it, once per plan). torchtitan is imported inside the function only.
+Its one side effect, registering the local dataset in torchtitan's dataset table, is idempotent.
 
-torchtitan's own checks (`Trainer.Config.__post_init__`) run wherever the config is built: `build_checked` turns
-what they raise into a ConfigError naming torchtitan. A rank, before any training step, records the refusal
-(`qwen3exp.titan.refusal`) and exits with code 2; the launcher, watching for that file, stops torchrun at once.
+torchtitan's own checks (`Trainer.Config.__post_init__`) run wherever the config is built: `build_checked`
+turns what they raise into a ConfigError naming torchtitan. A rank, before any training step, records the
+refusal (`qwen3exp.titan.refusal`) and exits 2; the launcher, watching for it, stops torchrun with that error.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from qwen3exp.errors import ConfigError, Problem
 from qwen3exp.plan import auto_layout, lora_base, model_files
 from qwen3exp.platforms import PlatformFacts
 from qwen3exp.run import rundir
-from qwen3exp.titan import dataset, overrides
+from qwen3exp.titan import dataset, mixture_config, overrides
 from qwen3exp.titan.model import qwen3_model_spec
 
 TORCHTITAN_KEY = "(torchtitan Trainer.Config)"
@@ -84,6 +85,8 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
     from torchtitan.config.override import OverrideConfig  # lazy: torchtitan in the ranks
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader  # lazy: torchtitan in the ranks
 
+    if exp.data.source == "mix":  # data=mix: its first source's config, the mixture's dataloader
+        return mixture_config.mixed(exp, facts, run_dir, to_torchtitan, data_path)
     t = exp.training
     arch = resolve_arch(exp)
     config_cls, extra, model_spec = _model(exp, facts, arch)
@@ -229,14 +232,11 @@ def validator_config(exp: Experiment, data: Path, text_field: str):
     """torchtitan's validator (`qwen3exp.titan.validator`): held-out loss and eval.samples at each validation."""
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader  # lazy: torchtitan in the ranks
 
-    from qwen3exp.titan.mixture_validator import mixture_config  # lazy: imports torchtitan
     from qwen3exp.titan.validator import FinalStepValidator, sample_settings  # lazy: imports torchtitan
 
     v = exp.validation
     if not v.enable:
         return FinalStepValidator.Config(enable=False)
-    if exp.data.source == "mix":  # one held-out loss per source, and their mean (qwen3exp.titan.mixture_validator)
-        return mixture_config(exp, str(hf_assets_path(exp)), resolve_arch(exp).vocab_size, data_path)
     path = Path(v.path) if v.path is not None else data
     return FinalStepValidator.Config(
         enable=True,

@@ -32,7 +32,7 @@ from torchtitan.tools.logging import logger
 from qwen3exp.config.sections.data import ChatData, PreferenceData
 from qwen3exp.titan import chat_dataset, dataset
 from qwen3exp.titan.metrics import SOURCE_LOSS_PREFIX
-from qwen3exp.titan.validator import FinalStepValidator, sample_settings
+from qwen3exp.titan.validator import FinalStepValidator
 
 SOURCE_DATASET = dataset.VALIDATION_NAME + "_{name}"
 """The name a text source's held-out documents are registered under in torchtitan's dataset table."""
@@ -119,7 +119,7 @@ def source_loaders(exp, tokenizer_path: str, data_path: Callable) -> dict[str, B
         view = source_view(exp, name)
         d, v = view.data, view.validation
         if isinstance(d, PreferenceData):
-            raise ValueError(f"data.sources.{name}: a preference source has no per-source validation yet")
+            raise ValueError(f"data.sources.{name}: refused before launch (`rules.mixture_validation_problems`)")
         if isinstance(d, ChatData):
             out[name] = chat_dataset.loader_config(view, tokenizer_path, validation=True)
             continue
@@ -133,16 +133,11 @@ def source_loaders(exp, tokenizer_path: str, data_path: Callable) -> dict[str, B
     return out
 
 
-def mixture_config(exp, tokenizer_path: str, vocab_size: int, data_path: Callable) -> MixtureValidator.Config:
-    """The validator of a data=mix run with validation on: one loss per source, and eval.samples."""
-    v = exp.validation
+def validator_of(exp, first, tokenizer_path: str, data_path: Callable) -> MixtureValidator.Config:
+    """The validator of a data=mix run with validation on: `first`, the validator config a run of the
+    first source alone would have (its frequency, steps, last step, eval.samples), reading every
+    source's held-out records instead of that one source's."""
+    kept = {f: getattr(first, f) for f in FinalStepValidator.Config.__dataclass_fields__}
     loaders = source_loaders(exp, tokenizer_path, data_path)
-    return MixtureValidator.Config(
-        enable=True,
-        freq=v.freq,
-        steps=v.steps,
-        last_step=exp.training.steps,
-        **sample_settings(exp.eval, tokenizer_path, vocab_size),
-        dataloader=next(iter(loaders.values())),  # torchtitan's field; `validate` reads `sources`
-        sources=loaders,
-    )
+    kept["dataloader"] = next(iter(loaders.values()))  # torchtitan's field; `validate` reads `sources`
+    return MixtureValidator.Config(**kept, sources=loaders)
