@@ -11,21 +11,33 @@ Fast (in-process, no training):
 - `qwen3exp report` shows each run's normalised weight next to its validation loss of each source,
   and a run without a mixture shows no such column.
 
-Slow (the real command line, tiny model, CPU): see the tests marked slow below.
+Slow (the real command line, tiny model, CPU, 2 ranks):
+- a sweep over one source's weight (`-m data.sources.corpus.weight=0.2,0.8`, 2 steps, an HF export
+  each): each job's final `val_loss_<source>` equals the loss transformers computes with its exported
+  weights on that source's held-out sequences (the same sequences, the same -100 labels, each
+  document on its own as the ranks' block-causal attention sees it), to 1e-4, and so does `val_loss`
+  (their token-weighted mean); `qwen3exp report` shows each job's weights next to its per-source
+  losses;
+- an Optuna search over a raw weight (2 trials, objective val_loss_chats) completes, each trial
+  returning its val_loss_chats.
 """
 
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import yaml
 
-from conftest import run_cli
+from conftest import read_summary, read_validation, run_cli
+from hf_fixtures import in_fresh_process
 from qwen3exp.config.schema import check_experiment
 
 SOURCES = {"corpus": {"source": "bundled", "weight": 0.7}, "chats": {"source": "chat", "weight": 0.3}}
@@ -42,9 +54,19 @@ MIX_CONF = {
         "validation: {freq: 2, steps: 1}\n"
         "metrics: {tensorboard: false}\n"
     ),
+    "experiment/mixv_search.yaml": (
+        "# @package _global_\n"
+        "defaults:\n  - mixv\n  - override /hydra/sweeper: optuna\n  - override /hydra/sweeper/sampler: tpe\n\n"
+        "name: mixv_search\n"
+        "sweep: {objective: val_loss_chats}\n"
+        "hydra:\n  sweeper:\n    direction: minimize\n    n_trials: 2\n    n_jobs: 1\n"
+        "    study_name: ${name}\n    storage: sqlite:///${hydra.sweep.dir}/optuna.db\n"
+        "    sampler: {seed: 0}\n"
+        "    params:\n      data.sources.corpus.weight: interval(0.1, 0.9)\n"
+    ),
 }
-"""A test-local conf/ (--config-dir): data=mix and a two-source experiment (the bundled corpus and
-the bundled conversations)."""
+"""A test-local conf/ (--config-dir): data=mix, a two-source experiment (the bundled corpus and the
+bundled conversations) and an Optuna search over the corpus's raw weight (the chats' stays 0.3)."""
 
 
 def mix_conf(tmp_path: Path) -> Path:
@@ -208,3 +230,141 @@ def test_the_report_shows_each_sources_weight_next_to_its_loss(tmp_path):
     assert "0.250" in render_csv(t) or "0.25" in render_csv(t)
     plain = table([load_run(tmp_path / "c")], root=tmp_path)
     assert not any(h.startswith(("weight ", "val loss ")) for h in plain.header)
+
+
+# ------------------------------------------- slow: per-source val_loss == transformers on the export
+def held_out_segments(run_dir: Path, ranks: int) -> dict[str, tuple[list, list]]:
+    """Each source's held-out sequences as the ranks' validator read them (its kind's validation loader
+    for each data-parallel rank, validation.steps batches of training.local_batch_size), cut into
+    their documents (a sequence's positions restart at 0 where one starts: the ranks' attention is
+    block-causal over them), each padded at its end with -100 labels: (inputs, labels) per source."""
+    from torchtitan.tools import utils
+
+    from qwen3exp.config.schema import parse_experiment
+    from qwen3exp.titan import dataset
+    from qwen3exp.titan.job_config import data_path, hf_assets_path
+    from qwen3exp.titan.mixture_validator import source_loaders, source_view
+
+    exp = parse_experiment(yaml.safe_load((run_dir / "experiment.yaml").read_text()))
+    folder, t = str(hf_assets_path(exp)), exp.training
+    text = next(n for n, s in exp.data.sources.items() if s.source in ("bundled", "local", "hf"))
+    tokenizer = dataset.tokenizer_config(source_view(exp, text), folder).build(tokenizer_path=folder)
+    out: dict[str, tuple[list, list]] = {}
+    utils.device_type = "cpu"
+    for name, loader in source_loaders(exp, folder, data_path).items():
+        inputs, labels = [], []
+        for rank in range(ranks):
+            built = loader.build(
+                dp_world_size=ranks,
+                dp_rank=rank,
+                tokenizer=tokenizer,
+                seq_len=t.seq_len,
+                local_batch_size=t.local_batch_size,
+            )
+            for _, (x, y) in zip(range(exp.validation.steps), built, strict=False):
+                for ids, pos, lab in zip(x["input"].tolist(), x["positions"].tolist(), y.tolist(), strict=True):
+                    starts = [i for i, p in enumerate(pos) if p == 0] + [len(pos)]
+                    for a, b in zip(starts, starts[1:], strict=False):
+                        assert pos[a:b] == list(range(b - a)), (name, pos[a:b])
+                        pad = t.seq_len - (b - a)
+                        inputs.append(ids[a:b] + [0] * pad)
+                        labels.append(lab[a:b] + [-100] * pad)
+        out[name] = (inputs, labels)
+    return out
+
+
+def references_here(jobs: list) -> list[dict]:
+    """For each (export folder, segments of each source): transformers' loss sum and trained-token
+    count of each source's segments (in a fresh process: `hf_fixtures.in_fresh_process`)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = []
+    for folder, segments in jobs:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        sums = {}
+        with torch.no_grad():
+            for name, (inputs, labels) in segments.items():
+                logits, y = model(input_ids=torch.tensor(inputs)).logits, torch.tensor(labels)
+                sums[name] = [_ce_sum(logits, y).item(), int((y != -100).sum())]
+        out.append(sums)
+    return out
+
+
+@pytest.fixture(scope="module")
+def weight_sweep(tmp_path_factory) -> Path:
+    """The sweep over the corpus's weight, 2 jobs of 2 steps on 2 ranks, each with a float32 export."""
+    root = tmp_path_factory.mktemp("mix_sweep")
+    d = root / "sweep"
+    r = run_cli(
+        "--config-dir", str(mix_conf(root)), "-m", "experiment=mixv", "data.sources.corpus.weight=0.2,0.8",
+        "training.steps=2", "platform=cpu", "platform.threads_per_rank=1", "checkpoint=hf_export",
+        "checkpoint.dtype=float32", f"hydra.sweep.dir={d}",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return d
+
+
+def _jobs(d: Path) -> list[Path]:
+    return sorted(p.parent for p in d.glob("*/summary.json"))
+
+
+@pytest.mark.slow
+def test_each_sources_val_loss_equals_transformers_on_the_export(weight_sweep):
+    """Both jobs: the last validation (step 2) of each source, and their mean, against transformers on
+    the export of step 2 (saved before that validation runs)."""
+    worst = 0.0
+    jobs = _jobs(weight_sweep)
+    assert len(jobs) == 2
+    refs = in_fresh_process(
+        "test_mixture_validation.references_here",
+        [(str(job / "export" / "step-2"), held_out_segments(job, 2)) for job in jobs],
+    )
+    for job, ref in zip(jobs, refs, strict=True):
+        summary, last = read_summary(job), read_validation(job)[-1]
+        assert summary["status"] == "completed" and summary["world_size"] == 2 and last["step"] == 2
+        for name, (loss_sum, count) in ref.items():
+            assert count > 0 and summary[f"val_loss_{name}"] == last[f"val_loss_{name}"]
+            worst = max(worst, abs(last[f"val_loss_{name}"] - loss_sum / count))
+        mean = sum(s for s, _ in ref.values()) / sum(n for _, n in ref.values())
+        worst = max(worst, abs(last["val_loss"] - mean))
+    print(f"largest |val_loss(_<source>) - transformers|: {worst:.3g}")
+    assert worst < 1e-4
+
+
+@pytest.mark.slow
+def test_the_report_of_a_weight_sweep_shows_weights_beside_source_losses(weight_sweep):
+    r = run_cli(str(weight_sweep), "--format", "csv", "--no-files", module="qwen3exp.analysis.report")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = list(csv.DictReader(io.StringIO(r.stdout[r.stdout.index("run,") :])))
+    header = list(rows[0])
+    at = header.index("weight corpus")
+    assert header[at : at + 4] == ["weight corpus", "val loss corpus", "weight chats", "val loss chats"]
+    by_weight = {round(float(row["weight corpus"]), 3): row for row in rows}
+    assert set(by_weight) == {round(0.2 / 0.5, 3), round(0.8 / 1.1, 3)}  # normalised: 0.2 / (0.2 + 0.3), ...
+    for job in _jobs(weight_sweep):
+        summary = read_summary(job)
+        row = next(row for row in rows if row["run"] == job.name)
+        assert float(row["val loss chats"]) == pytest.approx(summary["val_loss_chats"])
+        assert float(row["val loss corpus"]) == pytest.approx(summary["val_loss_corpus"])
+
+
+@pytest.mark.slow
+def test_an_optuna_search_over_a_weight_completes(tmp_path):
+    d = tmp_path / "search"
+    r = run_cli(
+        "--config-dir", str(mix_conf(tmp_path)), "-m", "experiment=mixv_search", "training.steps=2",
+        "launcher.nproc_per_node=1", "platform=cpu", f"hydra.sweep.dir={d}",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    trials = _jobs(d)
+    assert len(trials) == 2 and (d / "optuna.db").is_file()
+    for trial in trials:
+        summary = read_summary(trial)
+        assert summary["status"] == "completed"
+        assert summary["objective"] == {
+            "metric": "val_loss_chats", "direction": "minimize", "value": summary["val_loss_chats"]
+        }  # fmt: skip
+        assert (
+            0.1 <= yaml.safe_load((trial / "experiment.yaml").read_text())["data"]["sources"]["corpus"]["weight"] <= 0.9
+        )

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 from torchtitan.components.dataloader import BaseDataLoader
@@ -137,7 +137,7 @@ def validator_of(exp, first, tokenizer_path: str, data_path: Callable) -> Mixtur
     """The validator of a data=mix run with validation on: `first`, the validator config a run of the
     first source alone would have (its frequency, steps, last step, eval.samples), reading every
     source's held-out records instead of that one source's."""
-    kept = {f: getattr(first, f) for f in FinalStepValidator.Config.__dataclass_fields__}
+    kept = {f.name: getattr(first, f.name) for f in fields(FinalStepValidator.Config) if f.init}
     loaders = source_loaders(exp, tokenizer_path, data_path)
     kept["dataloader"] = next(iter(loaders.values()))  # torchtitan's field; `validate` reads `sources`
     return MixtureValidator.Config(**kept, sources=loaders)
