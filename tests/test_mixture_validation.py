@@ -238,8 +238,6 @@ def held_out_segments(run_dir: Path, ranks: int) -> dict[str, tuple[list, list]]
     for each data-parallel rank, validation.steps batches of training.local_batch_size), cut into
     their documents (a sequence's positions restart at 0 where one starts: the ranks' attention is
     block-causal over them), each padded at its end with -100 labels: (inputs, labels) per source."""
-    from torchtitan.tools import utils
-
     from qwen3exp.config.schema import parse_experiment
     from qwen3exp.titan import dataset
     from qwen3exp.titan.job_config import data_path, hf_assets_path
@@ -250,7 +248,6 @@ def held_out_segments(run_dir: Path, ranks: int) -> dict[str, tuple[list, list]]
     text = next(n for n, s in exp.data.sources.items() if s.source in ("bundled", "local", "hf"))
     tokenizer = dataset.tokenizer_config(source_view(exp, text), folder).build(tokenizer_path=folder)
     out: dict[str, tuple[list, list]] = {}
-    utils.device_type = "cpu"
     for name, loader in source_loaders(exp, folder, data_path).items():
         inputs, labels = [], []
         for rank in range(ranks):
