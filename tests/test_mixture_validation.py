@@ -4,10 +4,11 @@ Fast (in-process, no training):
 - the mixture's validator weighs each source by its trained tokens: on fake batches, `val_loss` is the
   summed loss of every source over their summed tokens (-100 labels left out), `val_loss_<source>`
   each source's own mean, over validation.steps batches per source;
-- the validation row of metrics.jsonl, the console's validation line, summary.json's fields and the
-  objective's value carry `val_loss_<source>`;
+- the validation row of metrics.jsonl, the console's validation line, TensorBoard's hparams metrics,
+  summary.json's fields and the objective's value carry `val_loss_<source>`;
 - `sweep.objective=val_loss_<source>` is accepted for a source of data.sources (minimized); a name
-  that is no source exits 2 naming the key, the value and the sources allowed;
+  that is no source exits 2 naming the key, the value and the sources allowed; one validation.path
+  for every source, and a source of preference pairs (no per-source pair validation yet), are refused;
 - `qwen3exp report` shows each run's normalised weight next to its validation loss of each source,
   and a run without a mixture shows no such column.
 
@@ -158,6 +159,7 @@ def test_the_validation_row_the_console_and_the_summary_carry_each_source(tmp_pa
     from qwen3exp.run import metrics_file, objective
     from qwen3exp.run.progress import Progress
     from qwen3exp.titan.metrics import SOURCE_LOSS_PREFIX, JsonlLogger
+    from qwen3exp.titan.trackers import TensorBoardTracker
 
     log = JsonlLogger(str(tmp_path / "metrics.jsonl"), peak_flops_known=False)
     log.log({"validation_metrics/loss": 2.5, SOURCE_LOSS_PREFIX + "web": 2.0, SOURCE_LOSS_PREFIX + "code": 3.0}, 4)
@@ -167,6 +169,10 @@ def test_the_validation_row_the_console_and_the_summary_carry_each_source(tmp_pa
     said: list[str] = []
     Progress(tmp_path / "absent.jsonl", 10, lambda line, _live: said.append(line)).show(row)
     assert said == ["qwen3exp: validation at step 4: loss 2.5000, perplexity 12.2, web 2.0000, code 3.0000"]
+    tb = TensorBoardTracker(str(tmp_path / "tb"), {}, None)
+    tb.log({"validation_metrics/loss": 2.5, SOURCE_LOSS_PREFIX + "web": 2.0}, 4)
+    assert tb._last == {"hparam/val_loss": (2.5, 4), "hparam/val_loss_web": (2.0, 4)}
+    tb.close()
     extras = metrics_file.validation_extras(row)
     assert extras == {"val_loss_web": 2.0, "val_loss_code": 3.0}
     value = objective.value_of("val_loss_code", last_loss=1.0, val_loss=2.5, tokens_per_second=1.0, validation=extras)
@@ -187,6 +193,12 @@ def test_a_source_loss_is_an_objective_of_a_mixture():
     assert [(p.key, p.value) for p in off.problems] == [("sweep.objective", "val_loss_chats")]
     up = check_experiment(_mix(sweep={"objective": "val_loss_chats", "direction": "maximize"}))
     assert [p.key for p in up.problems] == ["sweep.direction"]
+    shared = check_experiment(_mix(validation={"path": "/data/valid.jsonl"}))
+    assert [(p.key, p.value) for p in shared.problems] == [("validation.path", "/data/valid.jsonl")]
+    pairs = check_experiment(
+        _mix() | {"data": {"source": "mix", "sources": {**SOURCES, "p": {"source": "preference"}}}}
+    )
+    assert [(p.key, p.value) for p in pairs.problems] == [("data.sources.p.source", "preference")]
 
 
 def test_a_source_objective_that_names_no_source_exits_2(tmp_path):
