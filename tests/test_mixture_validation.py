@@ -17,8 +17,9 @@ Slow (the real command line, tiny model, CPU, 2 ranks):
   each): each job's final `val_loss_<source>` equals the loss transformers computes with its exported
   weights on that source's held-out sequences (the same sequences, the same -100 labels, each
   document on its own as the ranks' block-causal attention sees it), to 1e-4, and so does `val_loss`
-  (their token-weighted mean); `qwen3exp report` shows each job's weights next to its per-source
-  losses;
+  (their token-weighted mean); the conversations' held-out sequences are also rebuilt without the
+  ranks' loaders (data=chat's split, rendered, padded) and are the same; `qwen3exp report` shows
+  each job's weights next to its per-source losses;
 - an Optuna search over a raw weight (2 trials, objective val_loss_chats) completes, each trial
   returning its val_loss_chats.
 """
@@ -282,6 +283,29 @@ def held_out_segments(run_dir: Path, ranks: int) -> dict[str, tuple[list, list]]
     return out
 
 
+def held_out_chats(run_dir: Path, ranks: int, per_rank: int) -> tuple[list, list]:
+    """The bundled conversations' held-out side rebuilt without the ranks' loaders: round(n x 0.1) of
+    them by `held_out` (data=chat's split), rank r reading held-out conversations r, r + ranks, ...,
+    each rendered by the chat template, padded, labels -100 except the assistant's tokens."""
+    from qwen3exp.assets import TOKENIZER_DIR
+    from qwen3exp.data.chat.render import load_tokenizer, messages_of, records, render
+    from qwen3exp.data.files import held_out
+
+    tok, seq_len = load_tokenizer(TOKENIZER_DIR), 192
+    lines = [line for _, _, line in records(TOKENIZER_DIR.parent / "chat")]
+    held = [lines[i] for i in sorted(held_out(len(lines), 0.1))]
+    inputs, labels = [], []
+    for rank in range(ranks):
+        for line in held[rank::ranks][:per_rank]:
+            x = render(tok, messages_of(line))
+            n = len(x.ids) - 1
+            inputs.append(x.ids[:-1] + [tok.pad_token_id] * (seq_len - n))
+            labels.append(
+                [t if on else -100 for t, on in zip(x.ids[1:], x.trained[1:], strict=True)] + [-100] * (seq_len - n)
+            )
+    return inputs, labels
+
+
 def references_here(jobs: list) -> list[dict]:
     """For each (export folder, segments of each source): transformers' loss sum and trained-token
     count of each source's segments (in a fresh process: `hf_fixtures.in_fresh_process`)."""
@@ -329,6 +353,7 @@ def test_each_sources_val_loss_equals_transformers_on_the_export(weight_sweep):
         "test_mixture_validation.references_here",
         [(str(job / "export" / "step-2"), held_out_segments(job, 2)) for job in jobs],
     )
+    assert held_out_segments(jobs[0], 2)["chats"] == held_out_chats(jobs[0], 2, 4)  # the kind's own split
     for job, ref in zip(jobs, refs, strict=True):
         summary, last = read_summary(job), read_validation(job)[-1]
         assert summary["status"] == "completed" and summary["world_size"] == 2 and last["step"] == 2
