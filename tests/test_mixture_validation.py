@@ -3,12 +3,12 @@
 Fast (in-process, no training):
 - the mixture's validator weighs each source by its trained tokens: on fake batches, `val_loss` is the
   summed loss of every source over their summed tokens (-100 labels left out), `val_loss_<source>`
-  each source's own mean, over validation.steps batches per source;
+  each source's own mean, over validation.steps batches per source; a mixture of preference pair
+  sets (DPO, with its reference) measures each source as the one-source PreferenceValidator does;
 - the validation row of metrics.jsonl, the console's validation line, TensorBoard's hparams metrics,
   summary.json's fields and the objective's value carry `val_loss_<source>`;
 - `sweep.objective=val_loss_<source>` is accepted for a source of data.sources (minimized); a name
-  that is no source exits 2 naming the key, the value and the sources allowed; one validation.path
-  for every source, and a source of preference pairs (no per-source pair validation yet), are refused;
+  that is no source exits 2 naming the key, the value and the sources allowed;
 - `qwen3exp report` shows each run's normalised weight next to its validation loss of each source,
   and a run without a mixture shows no such column.
 
@@ -91,14 +91,14 @@ class FakeLoader:
         return iter(self.batches)
 
 
-def _batches(seed: int, n: int, masked: int):
+def _batches(seed: int, n: int, masked: int, rows: int = 2):
     import torch
 
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
-        ids = torch.randint(0, 11, (2, 6), generator=g)
-        labels = torch.randint(0, 11, (2, 6), generator=g)
+        ids = torch.randint(0, 11, (rows, 6), generator=g)
+        labels = torch.randint(0, 11, (rows, 6), generator=g)
         labels[:, :masked] = -100
         out.append(({"input": ids}, labels))
     return out
@@ -110,6 +110,30 @@ def _ce_sum(pred, y):
     return F.cross_entropy(pred.flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum")
 
 
+def _validator(cls, config, loss_fn, logged: list):
+    """A validator of `cls` with fakes for what the trainer hands it (one rank, no parallelism)."""
+    return cls(
+        config,
+        parallelism=SimpleNamespace(spmd_backend="spmd_types"),
+        dp_world_size=1,
+        dp_rank=0,
+        tokenizer=None,
+        parallel_dims=SimpleNamespace(dp_enabled=False, dp_cp_enabled=False, cp_enabled=False, pp_enabled=False),
+        loss_fn=loss_fn,
+        validation_context=contextlib.nullcontext,
+        metrics_processor=SimpleNamespace(ntokens_since_last_log=0, log_validation=lambda **kw: logged.append(kw)),
+        seq_len=6,
+        local_batch_size=2,
+    )
+
+
+def _model(seed: int):
+    import torch
+
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Embedding(11, 8), torch.nn.Linear(8, 11))
+
+
 def test_the_mixture_validator_weighs_each_source_by_its_trained_tokens(monkeypatch):
     import torch
     from torchtitan.tools import utils
@@ -119,26 +143,12 @@ def test_the_mixture_validator_weighs_each_source_by_its_trained_tokens(monkeypa
     from qwen3exp.titan.metrics import SOURCE_LOSS_PREFIX
     from qwen3exp.titan.mixture_validator import MixtureValidator
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Embedding(11, 8), torch.nn.Linear(8, 11))
+    model = _model(0)
     sources = {"web": _batches(1, 3, masked=1), "code": _batches(2, 3, masked=4)}
     logged: list = []
-    metrics = SimpleNamespace(ntokens_since_last_log=0, log_validation=lambda **kw: logged.append(kw))
     loaders = {n: FakeLoader(batches=b) for n, b in sources.items()}
     config = MixtureValidator.Config(enable=True, steps=2, dataloader=FakeLoader(batches=[]), sources=loaders)
-    validator = MixtureValidator(
-        config,
-        parallelism=SimpleNamespace(spmd_backend="spmd_types"),
-        dp_world_size=1,
-        dp_rank=0,
-        tokenizer=None,
-        parallel_dims=SimpleNamespace(dp_enabled=False, dp_cp_enabled=False, cp_enabled=False, pp_enabled=False),
-        loss_fn=lambda pred, y: (_ce_sum(pred, y), {}),
-        validation_context=contextlib.nullcontext,
-        metrics_processor=metrics,
-        seq_len=6,
-        local_batch_size=2,
-    )
+    validator = _validator(MixtureValidator, config, lambda pred, y: (_ce_sum(pred, y), {}), logged)
     validator.validate([model], step=3)
     sums, counts = {}, {}
     with torch.no_grad():
@@ -152,7 +162,43 @@ def test_the_mixture_validator_weighs_each_source_by_its_trained_tokens(monkeypa
     for name in sources:
         assert math.isclose(row["extra_metrics"][SOURCE_LOSS_PREFIX + name], sums[name] / counts[name], rel_tol=1e-6)
     assert math.isclose(row["loss"], sum(sums.values()) / sum(counts.values()), rel_tol=1e-6)
-    assert metrics.ntokens_since_last_log == 2 * 2 * 2 * 6  # every position read, as torchtitan counts
+    assert validator.metrics_processor.ntokens_since_last_log == 2 * 2 * 2 * 6  # every position, as torchtitan
+
+
+def test_a_mixture_of_pair_sets_is_validated_as_each_set_alone(monkeypatch):
+    """objective=dpo (a reference): each source's loss is what PreferenceValidator measures on that
+    source alone; val_loss and val_reward_accuracy are over every source's pairs (equal counts here)."""
+    from torchtitan.tools import utils
+
+    monkeypatch.setattr(utils, "device_type", "cpu")
+
+    from qwen3exp.config.sections.objective import DpoObjective
+    from qwen3exp.objectives import registry
+    from qwen3exp.titan.metrics import SOURCE_LOSS_PREFIX, VAL_REWARD_ACCURACY
+    from qwen3exp.titan.mixture_validator import MixturePairValidator
+    from qwen3exp.titan.preference_loss import row_logps
+    from qwen3exp.titan.preference_validator import PreferenceValidator
+
+    model, reference = _model(0), _model(1)
+    section = DpoObjective()
+    loss_fn = SimpleNamespace(module=registry.of(section), section=section)
+    sources = {"team": _batches(5, 2, masked=2, rows=4), "base": _batches(6, 2, masked=3, rows=4)}
+
+    def validated(cls, **config) -> dict:
+        logged: list = []
+        v = _validator(cls, cls.Config(enable=True, steps=2, **config), loss_fn, logged)
+        v.reference = lambda inputs, labels, extra: row_logps(reference(inputs), labels)[0]
+        v.validate([model], step=2)
+        return logged[0]
+
+    alone = {n: validated(PreferenceValidator, dataloader=FakeLoader(batches=b)) for n, b in sources.items()}
+    loaders = {n: FakeLoader(batches=b) for n, b in sources.items()}
+    mixed = validated(MixturePairValidator, dataloader=FakeLoader(batches=[]), sources=loaders)
+    for name, row in alone.items():
+        assert math.isclose(mixed["extra_metrics"][SOURCE_LOSS_PREFIX + name], row["loss"], rel_tol=1e-6)
+    assert math.isclose(mixed["loss"], (alone["team"]["loss"] + alone["base"]["loss"]) / 2, rel_tol=1e-6)
+    accuracy = [row["extra_metrics"][VAL_REWARD_ACCURACY] for row in alone.values()]
+    assert math.isclose(mixed["extra_metrics"][VAL_REWARD_ACCURACY], sum(accuracy) / 2, rel_tol=1e-6)
 
 
 # ------------------------------------------------------- fast: the row, the console, the summary
@@ -194,12 +240,6 @@ def test_a_source_loss_is_an_objective_of_a_mixture():
     assert [(p.key, p.value) for p in off.problems] == [("sweep.objective", "val_loss_chats")]
     up = check_experiment(_mix(sweep={"objective": "val_loss_chats", "direction": "maximize"}))
     assert [p.key for p in up.problems] == ["sweep.direction"]
-    shared = check_experiment(_mix(validation={"path": "/data/valid.jsonl"}))
-    assert [(p.key, p.value) for p in shared.problems] == [("validation.path", "/data/valid.jsonl")]
-    pairs = check_experiment(
-        _mix() | {"data": {"source": "mix", "sources": {**SOURCES, "p": {"source": "preference"}}}}
-    )
-    assert [(p.key, p.value) for p in pairs.problems] == [("data.sources.p.source", "preference")]
 
 
 def test_a_source_objective_that_names_no_source_exits_2(tmp_path):

@@ -204,23 +204,6 @@ def _expert_problems(num_experts: int | None, top_k: int | None, base: Arch, arc
     return problems
 
 
-def mixture_validation_problems(sweep: Sweep, data: Any, validation: Validation) -> list[Problem]:
-    """data=mix's validation (`qwen3exp.titan.mixture_validator`): a held-out loss per source of
-    tokens, each on its own held-out records (no shared validation.path); preference pairs have none
-    yet. A `val_loss_<source>` objective names a source."""
-    if data.source == "mix" and validation.enable:
-        pairs = [n for n, s in data.sources.items() if s.source == "preference"]
-        if validation.path is not None:  # each source holds out its own records, or reads its own file
-            why = "is one file for every source of data=mix; each source is validated on its own held-out records"
-            fix = "validation.path=null, and data.sources.<name>.validation_path for a source's own file"
-            return [Problem("validation.path", validation.path, why, fix)]
-        if pairs:
-            why = "is a source of preference pairs: per-source validation of pairs is not built yet"
-            fix = "validation.enable=false, or sources of text and conversations only"
-            return [Problem(f"data.sources.{pairs[0]}.source", "preference", why, fix)]
-    return source_objective_problems(sweep, data, validation)
-
-
 def source_objective_problems(sweep: Sweep, data: Any, validation: Validation) -> list[Problem]:
     """A `val_loss_<source>` objective: data=mix has that source, and validation is on."""
     metric = sweep.objective

@@ -3,9 +3,10 @@
 Each source of data.sources is validated on its own held-out records, read by its kind's own
 validation loader, exactly as a run of that one source would read them: plain text (bundled, local,
 hf) through the held-out split of `qwen3exp.titan.dataset` (the source's validation.fraction of its
-documents, or all of its `validation_path`), conversations through `qwen3exp.titan.chat_dataset`'s
-validation side. This module only composes them (`source_loaders`): it sees each source as the data
-section of a one-source experiment (`source_view`), so no kind's code knows about mixtures.
+documents, or all of its `validation_path`), conversations and preference pairs through the
+validation side of `qwen3exp.titan.chat_dataset` and `qwen3exp.titan.preference_dataset`. This
+module only composes them (`source_loaders`): it sees each source as the data section of a
+one-source experiment (`source_view`), so no kind's code knows about mixtures.
 
 At each validation (`MixtureValidator.validate`), validation.steps batches of every source go
 through the model without gradients, as torchtitan's validator runs them (the same loss function,
@@ -14,6 +15,11 @@ tokens are summed over the data-parallel ranks. The row in metrics.jsonl (`qwen3
 `val_loss`, the summed loss of every source over their summed tokens (the token-weighted mean of the
 sources' losses), and `val_loss_<source>`, each source's own mean; TensorBoard and W&B get them as
 `validation_metrics/loss_<source>`. The samples of eval.samples follow, as for a single source.
+
+A preference objective's mixture (every source holds pairs, `MixturePairValidator`) measures each
+source as `PreferenceValidator` measures its one source (the objective's loss, the reference's
+log-probs from the trainer): `val_loss_<source>` is the source's mean pair loss, `val_loss` the mean
+over every source's pairs, `val_reward_accuracy` the accurate share of all of them.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 
 import torch
+import torch.distributed as dist
 from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.distributed import utils as dist_utils
@@ -30,8 +37,9 @@ from torchtitan.tools import utils
 from torchtitan.tools.logging import logger
 
 from qwen3exp.config.sections.data import ChatData, PreferenceData
-from qwen3exp.titan import chat_dataset, dataset
-from qwen3exp.titan.metrics import SOURCE_LOSS_PREFIX
+from qwen3exp.titan import chat_dataset, dataset, preference_dataset
+from qwen3exp.titan.metrics import SOURCE_LOSS_PREFIX, VAL_REWARD_ACCURACY
+from qwen3exp.titan.preference_validator import PreferenceValidator
 from qwen3exp.titan.validator import FinalStepValidator
 
 SOURCE_DATASET = dataset.VALIDATION_NAME + "_{name}"
@@ -93,9 +101,39 @@ class MixtureValidator(FinalStepValidator):
         return loss_sum, count
 
 
-def per_source(names: list[str], sums: list[float], tokens: list[int]) -> tuple[dict[str, float], float]:
-    """({source: its mean loss per trained token}, the mean over all sources' tokens); NaN where a
-    source gave no trained token (written as null)."""
+class MixturePairValidator(PreferenceValidator):
+    """A mixture of preference sources: each source's pairs through the objective's own loss
+    (`PreferenceValidator.pair_totals`, the reference's log-probs from the trainer)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(PreferenceValidator.Config):
+        sources: dict[str, BaseDataLoader.Config] = field(default_factory=dict)
+        """Source name -> the dataloader of its held-out pairs (`qwen3exp.titan.preference_dataset`)."""
+
+    def validate(self, model_parts, step: int) -> None:
+        (model,) = model_parts  # pipeline parallelism is refused before launch
+        names = list(self.config.sources)
+        model.eval()
+        try:
+            totals = torch.stack(
+                [self.pair_totals(model, model_parts, replace(c, infinite=True)) for c in self.config.sources.values()]
+            )  # per source: summed pair loss, accurate pairs, pairs
+        finally:
+            model.train()
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(totals)
+        losses, total = per_source(names, totals[:, 0].tolist(), totals[:, 2].tolist())
+        accuracy = float(totals[:, 1].sum()) / max(float(totals[:, 2].sum()), 1.0)
+        extra = {VAL_REWARD_ACCURACY: accuracy, **{SOURCE_LOSS_PREFIX + n: v for n, v in losses.items()}}
+        self.metrics_processor.log_validation(loss=total, step=step, extra_metrics=extra)
+        logger.info(f"validate step {step:2} per source: " + "  ".join(f"{n}: {v:7.4f}" for n, v in losses.items()))
+        if self.sampler is not None:
+            self.answer_samples(self.sampler, model_parts, step)
+
+
+def per_source(names: list[str], sums: list[float], tokens: list) -> tuple[dict[str, float], float]:
+    """({source: its mean loss per trained token (per pair)}, the mean over all sources' tokens
+    (pairs)); NaN where a source gave none (written as null)."""
     losses = {n: s / t if t else math.nan for n, s, t in zip(names, sums, tokens, strict=True)}
     total = sum(sums) / sum(tokens) if sum(tokens) else math.nan
     return losses, total
@@ -119,7 +157,8 @@ def source_loaders(exp, tokenizer_path: str, data_path: Callable) -> dict[str, B
         view = source_view(exp, name)
         d, v = view.data, view.validation
         if isinstance(d, PreferenceData):
-            raise ValueError(f"data.sources.{name}: refused before launch (`rules.mixture_validation_problems`)")
+            out[name] = preference_dataset.loader_config(view, tokenizer_path, validation=True)
+            continue
         if isinstance(d, ChatData):
             out[name] = chat_dataset.loader_config(view, tokenizer_path, validation=True)
             continue
@@ -133,11 +172,12 @@ def source_loaders(exp, tokenizer_path: str, data_path: Callable) -> dict[str, B
     return out
 
 
-def validator_of(exp, first, tokenizer_path: str, data_path: Callable) -> MixtureValidator.Config:
+def validator_of(exp, first, tokenizer_path: str, data_path: Callable) -> FinalStepValidator.Config:
     """The validator of a data=mix run with validation on: `first`, the validator config a run of the
     first source alone would have (its frequency, steps, last step, eval.samples), reading every
     source's held-out records instead of that one source's."""
     kept = {f.name: getattr(first, f.name) for f in fields(FinalStepValidator.Config) if f.init}
     loaders = source_loaders(exp, tokenizer_path, data_path)
     kept["dataloader"] = next(iter(loaders.values()))  # torchtitan's field; `validate` reads `sources`
-    return MixtureValidator.Config(**kept, sources=loaders)
+    pairs = isinstance(first, PreferenceValidator.Config)  # a preference objective: every source holds pairs
+    return (MixturePairValidator if pairs else MixtureValidator).Config(**kept, sources=loaders)

@@ -26,7 +26,7 @@ OBJECTIVES: dict[str, Direction] = {
 """What a job can return to a sweeper (from its summary.json), with the direction that is better."""
 SOURCE_OBJECTIVE = re.compile(r"val_loss_(?P<source>[a-z][a-z0-9_]{0,31})")
 """`val_loss_<source>`: one source's held-out loss of a data mixture (minimized); the source is checked
-against data.sources by `qwen3exp.config.rules.mixture_validation_problems`."""
+against data.sources by `qwen3exp.config.rules.source_objective_problems`."""
 EVAL_PREFIX = "eval."
 EVAL_OBJECTIVE = re.compile(r"eval\.(?P<task>[^,\s]+)\.(?P<metric>[A-Za-z0-9_]+)(?:,(?P<filter>[^\s.]+))?")
 """`eval.<task>.<metric>[,<filter>]`: a score of summary.json's `eval` (task names may hold dots)."""
