@@ -12,7 +12,8 @@ samples for the same data and seed).
 
 A source with weight 0 is never drawn. A capped source (data.sources.<s>.max_epochs with
 over_max_epochs=cap: the ranks cap it once it has read its records max_epochs times) is drawn no
-more; the others fill its place, still in proportion to their weights. `Blend` holds the state (the
+more; the others fill its place, still in proportion to their weights (the deficits are taken
+over the active sources: their weights renormalised, their tokens' total). `Blend` holds the state (the
 tokens each source gave, which are capped) as plain data, saved with dcp checkpoints by the ranks
 (`qwen3exp.titan.mixture_dataset`), so a resumed run picks exactly as the uninterrupted one would.
 `allotment` is the same rule in the large, for a plan: the tokens each source contributes within a
@@ -27,14 +28,13 @@ from dataclasses import dataclass, field
 
 def pick(weights: Sequence[float], tokens: Sequence[int], active: Sequence[bool]) -> int | None:
     """The index of the source the next sample comes from: of the active sources with a weight
-    above 0, the one with the largest deficit weight x total - tokens (the first one on a tie);
-    None when no source is left."""
-    total = sum(tokens)
+    above 0, the one with the largest deficit weight x total - tokens, weights and total over the
+    active sources (the first one on a tie); None when no source is left."""
+    live = [i for i, (w, on) in enumerate(zip(weights, active, strict=True)) if on and w > 0]
+    norm, total = sum(weights[i] for i in live), sum(tokens[i] for i in live)
     best, best_deficit = None, 0.0
-    for i, (w, t, on) in enumerate(zip(weights, tokens, active, strict=True)):
-        if not on or w <= 0:
-            continue
-        deficit = w * total - t
+    for i in live:
+        deficit = weights[i] / norm * total - tokens[i]
         if best is None or deficit > best_deficit:
             best, best_deficit = i, deficit
     return best

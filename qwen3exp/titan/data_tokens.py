@@ -3,8 +3,9 @@
 summary.json's `data_tokens` ({source: tokens}) is read from these records, not inferred from the
 plan: the mixture's dataset in each rank (`qwen3exp.titan.mixture_dataset`) counts the trained
 tokens (labels not ignored) of every sample it yields, per source, and writes them after each local
-batch into the file of its data-parallel rank (the ranks of one data-parallel group read the same
-samples and write the same file), so the sum over the files counts every trained token once. The
+batch into its rank's file with its data-parallel rank; the sum takes one file per data-parallel
+rank (the ranks of one data-parallel group read the same samples), so it counts every trained token
+once. The
 counts are part of the dataloader's checkpointed state: a resumed run continues them. A launch that
 starts from step 1 removes an earlier launch's records first (`clear`). Plain data, no torch: the
 launcher reads it.
@@ -12,6 +13,8 @@ launcher reads it.
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 from pathlib import Path
 
@@ -24,9 +27,22 @@ def folder(run_dir: str | Path) -> Path:
     return Path(run_dir) / rundir.LOGS / FOLDER
 
 
-def write(run_dir: str | Path, dp_rank: int, tokens: dict[str, int]) -> None:
-    """One data-parallel rank's counts so far."""
-    rundir.atomic_write_json(folder(run_dir) / f"dp_rank{dp_rank}.json", tokens)
+class Record:
+    """One rank's file, kept open and rewritten in place after each local batch: a seek and a
+    write (a rename, or `rundir.atomic_write_json`'s fsync, cost milliseconds of every step's data
+    loading on a busy disk). The launcher reads it once the rank has exited."""
+
+    def __init__(self, run_dir: str | Path, dp_rank: int) -> None:
+        folder(run_dir).mkdir(parents=True, exist_ok=True)
+        rank = int(os.environ.get("RANK", "0"))
+        self._file = (folder(run_dir) / f"rank{rank}.json").open("w")
+        self.dp_rank = dp_rank
+
+    def write(self, tokens: dict[str, int]) -> None:
+        self._file.seek(0)
+        self._file.write(json.dumps({"dp_rank": self.dp_rank, "tokens": tokens}) + "\n")
+        self._file.truncate()
+        self._file.flush()
 
 
 def clear(run_dir: Path) -> None:
@@ -36,14 +52,17 @@ def clear(run_dir: Path) -> None:
 
 def summary_fields(run_dir: Path) -> dict:
     """summary.json's `data_tokens`: each source's trained tokens summed over the data-parallel
-    ranks (only for a run whose ranks counted them: data=mix)."""
-    found = sorted(folder(run_dir).glob("dp_rank*.json")) if folder(run_dir).is_dir() else []
-    total: dict[str, int] = {}
+    ranks, one rank's record for each (the ranks of one data-parallel group read the same samples);
+    only for a run whose ranks counted them (data=mix)."""
+    found = sorted(folder(run_dir).glob("rank*.json")) if folder(run_dir).is_dir() else []
+    by_dp: dict[int, dict] = {}
     for path in found:
-        counts = rundir.read_json(path)
-        if not isinstance(counts, dict):
-            continue
-        for name, n in counts.items():
+        record = rundir.read_json(path)
+        if isinstance(record, dict) and isinstance(record.get("tokens"), dict):
+            by_dp.setdefault(record.get("dp_rank", -1), record["tokens"])
+    total: dict[str, int] = {}
+    for tokens in by_dp.values():
+        for name, n in tokens.items():
             if isinstance(n, int) and not isinstance(n, bool):
                 total[name] = total.get(name, 0) + n
     return {"data_tokens": total} if found else {}

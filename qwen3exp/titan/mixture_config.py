@@ -30,8 +30,11 @@ def first_source(exp):
 
 def _text_source(exp):
     """`exp` reading its first plain-text source (its separator ends the text documents), else the first source."""
-    texts = [s for s in exp.data.sources.values() if not isinstance(s, (ChatData, PreferenceData))]
-    return exp.model_copy(update={"data": texts[0]}) if texts else first_source(exp)
+    texts = {n: s for n, s in exp.data.sources.items() if not isinstance(s, (ChatData, PreferenceData))}
+    if len({s.eos for s in texts.values()}) > 1:  # one tokenizer, one eos_id: refused, not silently dropped
+        eos = {f"data.sources.{n}.eos": s.eos for n, s in texts.items()}
+        raise ValueError(f"the plain-text sources of a mixture end their documents with one separator: {eos} differ")
+    return exp.model_copy(update={"data": next(iter(texts.values()))}) if texts else first_source(exp)
 
 
 def _spec(exp, name: str, source, tokenizer_path: str, data_path):

@@ -69,6 +69,7 @@ class MixtureDataset(IterableDataset, Stateful):
         self.blend = Blend(weights=[s.weight for s in self.sources])
         self._iters: list[Any] = [None] * len(self.sources)
         self._unrecorded = 0
+        self._record_file = data_tokens.Record(config.record_dir, dp_rank) if config.record_dir else None
 
     @staticmethod
     def _child(loader, tokenizer, seq_len: int, dp_rank: int, dp_world_size: int):
@@ -110,9 +111,9 @@ class MixtureDataset(IterableDataset, Stateful):
         """The counts for the launcher, once per local batch (as its last sample is yielded: the
         counts already hold it)."""
         self._unrecorded += 1
-        if self._unrecorded >= self.config.record_every and self.config.record_dir:
+        if self._unrecorded >= self.config.record_every and self._record_file is not None:
             self._unrecorded = 0
-            data_tokens.write(self.config.record_dir, self.dp_rank, self.tokens())
+            self._record_file.write(self.tokens())
 
     def tokens(self) -> dict[str, int]:
         """The trained tokens each source gave in this rank so far."""
