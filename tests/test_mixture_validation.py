@@ -8,7 +8,8 @@ Fast (in-process, no training):
 - the validation row of metrics.jsonl, the console's validation line, TensorBoard's hparams metrics,
   summary.json's fields and the objective's value carry `val_loss_<source>`;
 - `sweep.objective=val_loss_<source>` is accepted for a source of data.sources (minimized); a name
-  that is no source exits 2 naming the key, the value and the sources allowed;
+  that is no source exits 2 naming the key, the value and the sources allowed; pipeline stages
+  with a mixture's validation are refused (it runs the model whole);
 - `qwen3exp report` shows each run's normalised weight next to its validation loss of each source,
   and a run without a mixture shows no such column.
 
@@ -240,6 +241,12 @@ def test_a_source_loss_is_an_objective_of_a_mixture():
     assert [(p.key, p.value) for p in off.problems] == [("sweep.objective", "val_loss_chats")]
     up = check_experiment(_mix(sweep={"objective": "val_loss_chats", "direction": "maximize"}))
     assert [p.key for p in up.problems] == ["sweep.direction"]
+    staged = check_experiment(_mix(parallelism={"pp": 2}))  # the validator runs the model whole
+    assert any(p.key == "parallelism.pp" and "mixture's validation" in p.message for p in staged.problems)
+    assert not any(
+        "mixture" in p.message
+        for p in check_experiment(_mix(parallelism={"pp": 2}) | {"validation": {"enable": False}}).problems
+    )
 
 
 def test_a_source_objective_that_names_no_source_exits_2(tmp_path):

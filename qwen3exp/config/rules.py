@@ -204,6 +204,17 @@ def _expert_problems(num_experts: int | None, top_k: int | None, base: Arch, arc
     return problems
 
 
+def mixture_validation_problems(
+    sweep: Sweep, data: Any, validation: Validation, parallelism: Parallelism
+) -> list[Problem]:
+    """data=mix's validation (`qwen3exp.titan.mixture_validator`) runs the whole model on each
+    source's batches (no pipeline stages yet); a `val_loss_<source>` objective names a source."""
+    if data.source == "mix" and validation.enable and parallelism.pp > 1:
+        why = "splits the model into pipeline stages, and a mixture's validation per source runs it whole"
+        return [Problem("parallelism.pp", parallelism.pp, why, "1 with data=mix, or validation.enable=false")]
+    return source_objective_problems(sweep, data, validation)
+
+
 def source_objective_problems(sweep: Sweep, data: Any, validation: Validation) -> list[Problem]:
     """A `val_loss_<source>` objective: data=mix has that source, and validation is on."""
     metric = sweep.objective

@@ -53,7 +53,7 @@ class MixtureValidator(FinalStepValidator):
         """Source name -> the dataloader of its held-out records (its kind's validation loader)."""
 
     def validate(self, model_parts, step: int) -> None:
-        (model,) = model_parts  # pipeline parallelism is refused with a mixture's validation before launch
+        (model,) = model_parts  # pipeline stages: refused before launch (rules.mixture_validation_problems)
         names = list(self.config.sources)
         sums = torch.zeros(len(names), dtype=torch.float32, device=utils.device_type)
         tokens = torch.zeros(len(names), dtype=torch.int64, device=utils.device_type)
