@@ -10,8 +10,8 @@ Fast (in-process, no training):
 - `sweep.objective=val_loss_<source>` is accepted for a source of data.sources (minimized); a name
   that is no source exits 2 naming the key, the value and the sources allowed; pipeline stages
   with a mixture's validation are refused (it runs the model whole);
-- `qwen3exp report` shows each run's normalised weight next to its validation loss of each source,
-  and a run without a mixture shows no such column.
+- `qwen3exp report` shows each run's normalised weight next to its validation loss of each source
+  (and `report A B` compares the sources' losses), and a run without a mixture shows no such column.
 
 Slow (the real command line, tiny model, CPU, 2 ranks):
 - a sweep over one source's weight (`-m data.sources.corpus.weight=0.2,0.8`, 2 steps, an HF export
@@ -277,7 +277,8 @@ def _recorded_run(folder: Path, weights: dict | None, val: dict) -> None:
 
 
 def test_the_report_shows_each_sources_weight_next_to_its_loss(tmp_path):
-    from qwen3exp.analysis.report_table import render_csv, table
+    from qwen3exp.analysis.compare import compare, render_comparison
+    from qwen3exp.analysis.report_table import render_terminal, table
     from qwen3exp.analysis.runs import load_run
 
     _recorded_run(tmp_path / "a", {"web": 1.0, "code": 3.0}, {"val_loss_web": 2.25, "val_loss_code": 4.5})
@@ -289,7 +290,13 @@ def test_the_report_shows_each_sources_weight_next_to_its_loss(tmp_path):
     assert t.header[at : at + 4] == cols and t.header[at + 4 :][:1] == ["status"]
     by_run = {row[0]: row[at : at + 4] for row in t.rows}
     assert by_run == {"a": [0.25, 2.25, 0.75, 4.5], "b": [0.5, 2.5, 0.5, 4.0], "c": [None, None, None, None]}
-    assert "0.250" in render_csv(t) or "0.25" in render_csv(t)
+    shown = render_terminal(t).splitlines()
+    assert "  weight web  val loss web  weight code  val loss code  status" in shown[0], shown
+    assert "  0.250        2.2500        0.750         4.5000  completed" in shown[2], shown
+    pair = render_comparison(compare(load_run(tmp_path / "a"), load_run(tmp_path / "b")))  # report A B
+    after = "  val loss       3.1000  3.1000  +0.0000  1.000x\n  val loss web   2.2500  2.5000  +0.2500  1.111x\n"
+    assert after in pair, pair
+    assert "  val loss code  4.5000  4.0000  -0.5000  0.889x\n" in pair, pair
     plain = table([load_run(tmp_path / "c")], root=tmp_path)
     assert not any(h.startswith(("weight ", "val loss ")) for h in plain.header)
 

@@ -4,7 +4,8 @@ For every source any of the runs mixed (in the order they first appear), two col
 `weight <source>`, the source's share of the trained tokens as the run normalised it (its weight over
 the sum of the weights: what a sweep over raw weights actually varied), and `val loss <source>`,
 the run's last `val_loss_<source>` (`qwen3exp.titan.mixture_validator`). A run without the source
-(or without a mixture) shows `-`; when no run mixed sources there are no such columns.
+(or without a mixture) shows `-`; when no run mixed sources there are no such columns. `report A B`
+compares the two runs' `val loss <source>` after their `val loss` (`compared`).
 """
 
 from __future__ import annotations
@@ -21,15 +22,21 @@ FORMATS = {WEIGHT: "{:.3f}", LOSS: "{:.4f}"}
 _DEFAULT_WEIGHT = Share.model_fields["weight"].default
 
 
+def column_format(column: str) -> str | None:
+    """The format of a mixture column (None: not one)."""
+    return next((f for p, f in FORMATS.items() if column.startswith(p)), None)
+
+
 def is_column(column: str) -> bool:
     return column.startswith(tuple(FORMATS))
 
 
 def cell(column: str, value: Any) -> str | None:
     """The cell of a mixture column holding a number (None: not such a cell)."""
-    if not is_column(column) or not isinstance(value, (int, float)) or isinstance(value, bool):
+    form = column_format(column)
+    if form is None or not isinstance(value, (int, float)) or isinstance(value, bool):
         return None
-    return next(f for p, f in FORMATS.items() if column.startswith(p)).format(value)
+    return form.format(value)
 
 
 def _sources(experiment: dict) -> dict[str, Any]:
@@ -68,3 +75,10 @@ def columns(runs: list[Run]) -> tuple[list[str], list[list[float | None]]]:
     header = [c for n in names for c in (WEIGHT + n, LOSS + n)]
     rows = [[v for n in names for v in (w.get(n), one.get(n))] for w, one in zip(ws, ls, strict=True)]
     return header, rows
+
+
+def compared(a: Run, b: Run) -> list[tuple[str, float | None, float | None]]:
+    """`report A B`'s rows of the sources' validation losses: (`val loss <s>`, A's, B's) for every
+    source either run validated."""
+    la, lb = losses(a), losses(b)
+    return [(LOSS + n, la.get(n), lb.get(n)) for n in dict.fromkeys([*la, *lb])]
