@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from qwen3exp.analysis import mixture_columns
 from qwen3exp.analysis.cells import FORMATS, cell, esc
 from qwen3exp.analysis.diff import show
 from qwen3exp.analysis.runs import Run
@@ -35,12 +36,16 @@ class Comparison:
 
 
 def compare(a: Run, b: Run) -> Comparison:
-    """B against A: the resolved experiment keys that differ and the final metrics side by side."""
+    """B against A: the resolved experiment keys that differ and the final metrics side by side (a
+    data mixture's validation loss of each source after `val loss`)."""
+    metrics = [(column, getattr(a, attr), getattr(b, attr)) for column, attr in COMPARED]
+    at = [column for column, _ in COMPARED].index("val loss") + 1
+    metrics[at:at] = mixture_columns.compared(a, b)
     return Comparison(
         a,
         b,
         differences(rundir.identity_view(a.experiment), rundir.identity_view(b.experiment)),
-        [(column, getattr(a, attr), getattr(b, attr)) for column, attr in COMPARED],
+        metrics,
     )
 
 
@@ -55,7 +60,8 @@ def delta(column: str, va: Any, vb: Any) -> str:
     d = vb - va
     if column == "steps" and isinstance(d, int):
         return f"{d:+d}"
-    return FORMATS.get(column, "{:.6g}").replace("{:", "{:+").format(d)
+    form = mixture_columns.column_format(column) or FORMATS.get(column, "{:.6g}")
+    return form.replace("{:", "{:+").format(d)
 
 
 def ratio(va: Any, vb: Any) -> str:
@@ -65,9 +71,13 @@ def ratio(va: Any, vb: Any) -> str:
     return f"{vb / va:.3f}x"
 
 
+def _cell(column: str, value: Any) -> str:
+    return mixture_columns.cell(column, value) or cell(column, value)
+
+
 def metric_rows(c: Comparison) -> list[list[str]]:
     return [
-        [column, cell(column, va), cell(column, vb), delta(column, va, vb), ratio(va, vb)]
+        [column, _cell(column, va), _cell(column, vb), delta(column, va, vb), ratio(va, vb)]
         for column, va, vb in c.metrics
     ]
 

@@ -1,5 +1,6 @@
 """The report's table: one row per run, its varied keys, its lm-eval scores (`eval.<task>.<metric>`
-columns, when runs recorded some) and final metrics, ranked by the objective.
+columns, when runs recorded some), a data mixture's weight and val loss of each source
+(`qwen3exp.analysis.mixture_columns`) and final metrics, ranked by the objective.
 
 Rendered for a terminal (aligned, clipped, no raw escapes), as Markdown or as CSV
 (`qwen3exp.analysis.report` prints it and writes the files).
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from qwen3exp.analysis import mixture_columns
 from qwen3exp.analysis.cells import FORMATS, cell, esc
 from qwen3exp.analysis.diff import show
 from qwen3exp.analysis.runs import Run, compared, varied_keys
@@ -83,13 +85,15 @@ def table(runs: list[Run], *, root: Path | None = None, status: dict[Path, str] 
         runs = sorted(runs, key=lambda r: key(r.objective_value))
     rows = []
     scores = list(dict.fromkeys(k for r in runs for k in r.scores))
-    for r in runs:
+    mix_header, mix_rows = mixture_columns.columns(runs)  # data=mix: each source's weight and val loss
+    for r, mixed in zip(runs, mix_rows, strict=True):
         flat = compared(r.experiment)
         rows.append(
             [
                 _label(r.path, root),
                 *(flat.get(k) for k in varied),
                 *(r.scores.get(k) for k in scores),
+                *mixed,
                 status.get(r.path, r.status),
                 r.steps,
                 r.final_loss,
@@ -102,7 +106,8 @@ def table(runs: list[Run], *, root: Path | None = None, status: dict[Path, str] 
                 r.wall_seconds,
             ]
         )
-    return Table(["run", *varied, *(f"{EVAL_PREFIX}{k}" for k in scores), *METRIC_COLUMNS], rows, runs, varied, rank)
+    header = ["run", *varied, *(f"{EVAL_PREFIX}{k}" for k in scores), *mix_header, *METRIC_COLUMNS]
+    return Table(header, rows, runs, varied, rank)
 
 
 def best_line(t: Table) -> str | None:
@@ -135,11 +140,11 @@ def _cell(column: str, value: Any) -> str:
         return SCORE_FORMATS[column].format(value)
     if column.startswith(EVAL_PREFIX) and isinstance(value, float):  # an lm-eval score (eval=lm_eval)
         return f"{value:.4g}"
-    return cell(column, value)
+    return mixture_columns.cell(column, value) or cell(column, value)
 
 
 def _numeric(column: str) -> bool:
-    return column in NUMERIC or column.startswith(EVAL_PREFIX)
+    return column in NUMERIC or column.startswith(EVAL_PREFIX) or mixture_columns.is_column(column)
 
 
 def _cells(t: Table) -> list[list[str]]:

@@ -16,7 +16,7 @@ from qwen3exp.config.parallel_rules import degree_problems, divisors, sequence_p
 from qwen3exp.config.sections.data import Validation
 from qwen3exp.config.sections.kernels import Kernels
 from qwen3exp.config.sections.parallelism import Parallelism
-from qwen3exp.config.sections.sweep import Sweep
+from qwen3exp.config.sections.sweep import SOURCE_OBJECTIVE, Sweep
 from qwen3exp.config.sections.training import Training
 from qwen3exp.errors import Problem, one_of
 
@@ -202,3 +202,31 @@ def _expert_problems(num_experts: int | None, top_k: int | None, base: Arch, arc
             )
         )
     return problems
+
+
+def mixture_validation_problems(
+    sweep: Sweep, data: Any, validation: Validation, parallelism: Parallelism
+) -> list[Problem]:
+    """data=mix's validation (`qwen3exp.titan.mixture_validator`) runs the whole model on each
+    source's batches (no pipeline stages yet); a `val_loss_<source>` objective names a source."""
+    if data.source == "mix" and validation.enable and parallelism.pp > 1:
+        why = "splits the model into pipeline stages, and a mixture's validation per source runs it whole"
+        return [Problem("parallelism.pp", parallelism.pp, why, "1 with data=mix, or validation.enable=false")]
+    return source_objective_problems(sweep, data, validation)
+
+
+def source_objective_problems(sweep: Sweep, data: Any, validation: Validation) -> list[Problem]:
+    """A `val_loss_<source>` objective: data=mix has that source, and validation is on."""
+    metric = sweep.objective
+    m = SOURCE_OBJECTIVE.fullmatch(metric or "")
+    if m is None:
+        return []
+    sources = list(data.sources) if data.source == "mix" else []
+    if m["source"] not in sources:
+        why = "names no source of data.sources" if sources else f"is a mixture source's loss, and data={data.source}"
+        allowed = one_of([*(f"val_loss_{s}" for s in sources), "val_loss (their token-weighted mean)", "last_loss"])
+        return [Problem("sweep.objective", metric, why, allowed if sources else "val_loss or last_loss, or data=mix")]
+    if not validation.enable:
+        why = "needs a validation loss, and validation.enable is false"
+        return [Problem("sweep.objective", metric, why, "validation.enable=true, or last_loss")]
+    return []

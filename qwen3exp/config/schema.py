@@ -17,7 +17,7 @@ from typing import Annotated, Any
 from pydantic import Field, TypeAdapter, ValidationError
 from pydantic_core import PydanticUndefined
 
-from qwen3exp.config.rules import cross_field_problems, rule_problems
+from qwen3exp.config.rules import cross_field_problems, mixture_validation_problems, rule_problems
 from qwen3exp.config.sections.base import Strict
 from qwen3exp.config.sections.checkpoint import Checkpoint
 from qwen3exp.config.sections.data import BundledData, Validation
@@ -115,6 +115,7 @@ def check_experiment(data: dict) -> Checked:
         problems = [
             _as_given(p, data)
             for p in rule_problems(exp.name, exp.model, exp.training, exp.parallelism, exp.sweep, exp.validation)
+            + mixture_validation_problems(exp.sweep, exp.data, exp.validation, exp.parallelism)
         ]
         if not problems:
             return Checked(exp, sections, replaced, [])

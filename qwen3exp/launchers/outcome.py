@@ -162,12 +162,10 @@ def summarize(
     step1 = next((r["loss"] for r in rows if r["step"] == 1), None)
     weights = loaded_weights(plan.exp, plan.files.weights)
     last_loss = rows[-1]["loss"] if rows else None
-    val_loss, acc = (val[-1]["val_loss"], val[-1].get("val_reward_accuracy")) if val else (None, None)
+    val_loss, more = (val[-1]["val_loss"], metrics_file.validation_extras(val[-1])) if val else (None, {})
     tps = objective.mean_tokens_per_second(rows)
     metric, direction = plan.exp.sweep_target
-    value = objective.value_of(
-        metric, last_loss=last_loss, val_loss=val_loss, tokens_per_second=tps, reward_accuracy=acc
-    )
+    value = objective.value_of(metric, last_loss=last_loss, val_loss=val_loss, tokens_per_second=tps, validation=more)
     summary = {
         "status": status,
         "exit_code": exit_code,
@@ -179,7 +177,7 @@ def summarize(
         "val_perplexity": val[-1]["val_perplexity"] if val else None,
         "first_val_loss": val[0]["val_loss"] if val else None,
         "val_step": val[-1]["step"] if val else None,
-        **({"val_reward_accuracy": acc} if acc is not None else {}),  # a preference objective's held-out pairs
+        **more,  # a preference objective's val_reward_accuracy, a data mixture's val_loss_<source> of each source
         "tokens_per_second": tps,
         # The plan's per-rank memory and step time next to what the run measured (qwen3exp.run.scorecard).
         **scorecard.memory_score(plan.memory.peak, run_dir / rundir.LOGS, wall=wall),

@@ -25,6 +25,8 @@ METRIC_NUMBERS = (
     "val_reward_accuracy",
 )
 """The values of a metrics row (qwen3exp.titan.metrics): each a number or null."""
+SOURCE_LOSS = "val_loss_"
+"""A data mixture's validation row has `val_loss_<source>` for each source (a number or null)."""
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -35,6 +37,13 @@ def read_metrics(run_dir: Path) -> list[dict]:
 def read_validation(run_dir: Path) -> list[dict]:
     """The validation rows of metrics.jsonl (`step`, `val_loss`, `val_perplexity`)."""
     return [r for r in metrics_rows(run_dir) if "val_loss" in r]
+
+
+def validation_extras(row: dict) -> dict[str, float]:
+    """A validation row's numbers besides its loss and perplexity: a preference objective's
+    `val_reward_accuracy`, a data mixture's `val_loss_<source>` of each source (null ones left out)."""
+    keys = [k for k in row if k == "val_reward_accuracy" or k.startswith(SOURCE_LOSS)]
+    return {k: row[k] for k in keys if row[k] is not None}
 
 
 def metrics_rows(run_dir: Path) -> list[dict]:
@@ -67,7 +76,7 @@ def metrics_row_problem(row: Any) -> str | None:
     step = row.get("step")
     if type(step) is not int or not 0 <= step < 2**63:
         return f"step {step!r} is not a step number"
-    for key in METRIC_NUMBERS:
+    for key in (*METRIC_NUMBERS, *(k for k in row if k.startswith(SOURCE_LOSS))):
         value = row.get(key)
         # bool is an int, and an int beyond 2**63 no float (the report formats and plots floats)
         if value is not None and type(value) is not float and not (type(value) is int and abs(value) < 2**63):

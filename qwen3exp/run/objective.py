@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from qwen3exp.config.sections.sweep import EVAL_PREFIX
+from qwen3exp.config.sections.sweep import EVAL_PREFIX, SOURCE_OBJECTIVE
 from qwen3exp.run import eval_scores
 
 
@@ -31,19 +31,17 @@ def value_of(
     val_loss: float | None,
     tokens_per_second: float | None,
     scores: Mapping[str, float] | None = None,
-    reward_accuracy: float | None = None,
+    validation: Mapping[str, float | None] | None = None,
 ) -> float | None:
     """`scores`: the run's lm-eval scores (`qwen3exp.run.eval_scores`), for an `eval.` metric;
-    `reward_accuracy`: a preference objective's last val_reward_accuracy (on the held-out pairs)."""
+    `validation`: the last validation's other numbers (`metrics_file.validation_extras`): a preference
+    objective's val_reward_accuracy (on the held-out pairs), a data mixture's val_loss_<source>."""
     if metric.startswith(EVAL_PREFIX):
         value = eval_scores.of(metric, scores)
+    elif metric == "val_reward_accuracy" or SOURCE_OBJECTIVE.fullmatch(metric):
+        value = (validation or {}).get(metric)
     else:
-        value = {
-            "val_loss": val_loss,
-            "last_loss": last_loss,
-            "tokens_per_second": tokens_per_second,
-            "val_reward_accuracy": reward_accuracy,
-        }[metric]
+        value = {"val_loss": val_loss, "last_loss": last_loss, "tokens_per_second": tokens_per_second}[metric]
     return value if value is not None and math.isfinite(value) else None
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from qwen3exp.run import console, noise, rundir
+from qwen3exp.run.metrics_file import SOURCE_LOSS
 from qwen3exp.run.noise import RankLine
 from qwen3exp.run.sample_lines import SampleLines
 
@@ -127,7 +128,8 @@ class Progress:
             ppl = row.get("val_perplexity")
             self.say(
                 f"qwen3exp: validation at step {step}: loss {_num(row['val_loss'])}"
-                + (f", perplexity {ppl:,.1f}" if isinstance(ppl, int | float) else ""),
+                + (f", perplexity {ppl:,.1f}" if isinstance(ppl, int | float) else "")
+                + "".join(f", {k[len(SOURCE_LOSS) :]} {_num(v)}" for k, v in row.items() if k.startswith(SOURCE_LOSS)),
                 False,
             )
             return

@@ -9,7 +9,8 @@ norm) is written as null and its key is listed in the row's `nonfinite` (present
 
 A validation (torchtitan's validator, `qwen3exp.titan.validator`) adds a row of its own after the
 training row of its step: `{"step": 10, "val_loss": 3.1, "val_perplexity": 22.2}` (no `loss` key;
-`qwen3exp.run.metrics_file.read_metrics` and `read_validation` tell the two kinds apart).
+`qwen3exp.run.metrics_file.read_metrics` and `read_validation` tell the two kinds apart); a data
+mixture's row has `val_loss_<source>` for each source as well (`qwen3exp.titan.mixture_validator`).
 
 The answers to eval.samples (`qwen3exp.titan.validator`) go to `log_samples`: on the metrics rank
 into samples.jsonl (`SamplesFile`: one record per prompt, `{"step", "prompt", "text", "tokens"}`)
@@ -39,6 +40,8 @@ from qwen3exp.titan import trackers
 
 VAL_REWARD_ACCURACY = "validation_metrics/reward_accuracy"
 """A preference objective's validation metric (`qwen3exp.titan.preference_validator`)."""
+SOURCE_LOSS_PREFIX = trackers.SOURCE_LOSS_KEY
+"""A data mixture's held-out loss of one source (`qwen3exp.titan.mixture_validator`): `val_loss_<source>`."""
 PAIR_PREFIX = "preference/"
 """A preference objective's metrics (`qwen3exp.titan.preference_trainer`): written without the prefix."""
 
@@ -72,6 +75,9 @@ class JsonlLogger(BaseLogger):
             row = {"step": step, "val_loss": loss, "val_perplexity": _perplexity(loss)}
             if VAL_REWARD_ACCURACY in metrics:  # a preference objective's held-out pairs
                 row["val_reward_accuracy"] = metrics[VAL_REWARD_ACCURACY]
+            for key, value in metrics.items():  # a data mixture's sources: val_loss_<source>
+                if key.startswith(SOURCE_LOSS_PREFIX):
+                    row["val_loss_" + key.removeprefix(SOURCE_LOSS_PREFIX)] = value
             self._write(row)
             return
         if "loss_metrics/global_avg_loss" not in metrics:

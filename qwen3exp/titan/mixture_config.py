@@ -7,8 +7,8 @@ by its kind's own loader config (`_spec`: torchtitan's text loader over the entr
 `qwen3exp.titan.dataset.register` makes for it under its own name, `chat_dataset.loader_config`,
 `preference_dataset.loader_config`), and the tokenizer config of the mixture's first plain-text
 source (the separator its documents end with; `dataset.tokenizer_config`). So a mixture of one source
-trains exactly as that source alone. The validator stays the first source's for now: per-source
-validation is built apart (issue 41). Plain Python at import: torchtitan is imported lazily.
+trains exactly as that source alone. The validator is the mixture's (`qwen3exp.titan.mixture_validator`:
+one held-out loss per source). Plain Python at import: torchtitan is imported lazily.
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ def mixed(exp, facts, run_dir: Path, to_torchtitan, data_path):
     for one source)."""
     from qwen3exp.titan import dataset  # lazy: beside its torchtitan users
     from qwen3exp.titan.mixture_dataset import MixtureDataLoader  # lazy: imports torchtitan
+    from qwen3exp.titan.mixture_validator import validator_of  # lazy: imports torchtitan
 
     config = to_torchtitan(first_source(exp), facts, run_dir)
     tokenizer_path = str(model_files.assets_folder(exp))
@@ -82,4 +83,6 @@ def mixed(exp, facts, run_dir: Path, to_torchtitan, data_path):
         record_dir=str(run_dir),
         record_every=exp.training.local_batch_size,
     )
+    if exp.validation.enable:  # one held-out loss per source and their mean (qwen3exp.titan.mixture_validator)
+        config.validator = validator_of(exp, config.validator, tokenizer_path, data_path)
     return config

@@ -35,38 +35,9 @@ class PreferenceValidator(FinalStepValidator):
 
     def validate(self, model_parts, step: int) -> None:
         (model,) = model_parts  # pipeline parallelism is refused before launch
-        loss_fn, device = self.loss_fn, utils.device_type
-        loader = self.dl_config.build(
-            dp_world_size=self.dp_world_size,
-            dp_rank=self.dp_rank,
-            tokenizer=self.tokenizer,
-            seq_len=self.seq_len,
-            local_batch_size=self.local_batch_size,
-        )
-        totals = torch.zeros(3, device=device)  # loss sum, accurate pairs, pairs
         model.eval()
         try:
-            for _, (input_dict, labels) in zip(range(self.config.steps), loader, strict=False):
-                input_dict = {k: v.to(device) for k, v in input_dict.items()}
-                inputs, labels, extra = self.post_dataloading_process(input_dict, labels.to(device), model_parts)
-                with torch.no_grad():
-                    ref = None
-                    if loss_fn.module.REFERENCE:
-                        assert self.reference is not None, "the trainer sets it"
-                        ref = self.reference(inputs, labels, extra)
-                    with self.validation_context():
-                        sums, counts = row_logps(model(inputs, **extra), labels)
-                    lp = PairLogps(sums[0::2], sums[1::2], counts[0::2], counts[1::2])
-                    if ref is not None:
-                        lp.ref_chosen, lp.ref_rejected = ref[0::2], ref[1::2]
-                    per_pair, metrics = loss_fn.module.loss(loss_fn.section, lp)
-                totals += torch.stack(
-                    [
-                        per_pair.sum(),
-                        metrics["reward_accuracy"].sum(),
-                        torch.tensor(float(len(per_pair)), device=device),
-                    ]
-                )
+            totals = self.pair_totals(model, model_parts, self.dl_config)
         finally:
             model.train()
         if dist.is_initialized() and dist.get_world_size() > 1:
@@ -77,3 +48,38 @@ class PreferenceValidator(FinalStepValidator):
         )
         if self.sampler is not None:
             self.answer_samples(self.sampler, model_parts, step)
+
+    def pair_totals(self, model, model_parts, dl_config) -> torch.Tensor:
+        """This rank's (summed pair loss, accurate pairs, pairs) over validation.steps batches of the
+        pairs `dl_config` reads (the model in eval mode)."""
+        loss_fn, device = self.loss_fn, utils.device_type
+        loader = dl_config.build(
+            dp_world_size=self.dp_world_size,
+            dp_rank=self.dp_rank,
+            tokenizer=self.tokenizer,
+            seq_len=self.seq_len,
+            local_batch_size=self.local_batch_size,
+        )
+        totals = torch.zeros(3, device=device)  # loss sum, accurate pairs, pairs
+        for _, (input_dict, labels) in zip(range(self.config.steps), loader, strict=False):
+            input_dict = {k: v.to(device) for k, v in input_dict.items()}
+            inputs, labels, extra = self.post_dataloading_process(input_dict, labels.to(device), model_parts)
+            with torch.no_grad():
+                ref = None
+                if loss_fn.module.REFERENCE:
+                    assert self.reference is not None, "the trainer sets it"
+                    ref = self.reference(inputs, labels, extra)
+                with self.validation_context():
+                    sums, counts = row_logps(model(inputs, **extra), labels)
+                lp = PairLogps(sums[0::2], sums[1::2], counts[0::2], counts[1::2])
+                if ref is not None:
+                    lp.ref_chosen, lp.ref_rejected = ref[0::2], ref[1::2]
+                per_pair, metrics = loss_fn.module.loss(loss_fn.section, lp)
+            totals += torch.stack(
+                [
+                    per_pair.sum(),
+                    metrics["reward_accuracy"].sum(),
+                    torch.tensor(float(len(per_pair)), device=device),
+                ]
+            )
+        return totals

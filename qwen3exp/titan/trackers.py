@@ -14,7 +14,8 @@ executed.
   run directory's own `wandb/` folder.
 - TensorBoard (`TensorBoardTracker`): torchtitan's scalars, plus at close the run's hparams
   (`hparams`: the keys its overrides set) with the final training loss and the last validation
-  loss as the hparams metrics `hparam/last_loss` and `hparam/val_loss`, in the same folder as
+  loss as the hparams metrics `hparam/last_loss` and `hparam/val_loss` (a data mixture: also
+  `hparam/val_loss_<source>` of each source), in the same folder as
   the scalars (`write_hparams` says why).
 - eval.samples (`log_samples`, both trackers): the answers of each validation, as TensorBoard text
   (`samples/<i>`, one tag per prompt, at the validation's step: `sample_markdown`) and as a W&B
@@ -43,6 +44,8 @@ DEFAULT_HPARAMS = ("name", "model.flavor", "training.lr", "training.steps")
 numbers most often compared. Enough to tell such runs apart in TensorBoard's HParams table."""
 HPARAM_METRICS = {"loss_metrics/global_avg_loss": "hparam/last_loss", "validation_metrics/loss": "hparam/val_loss"}
 """torchtitan's metric key -> the hparams metric holding its last value."""
+SOURCE_LOSS_KEY = "validation_metrics/loss_"
+"""A data mixture's held-out loss of one source (`qwen3exp.titan.mixture_validator`): hparam/val_loss_<source>."""
 SAMPLES_TAG = "samples"
 """The tracker name of eval.samples' answers (TensorBoard `samples/<i>`, the W&B table `samples`)."""
 WANDB_TAG_MAX = 64
@@ -188,6 +191,9 @@ class TensorBoardTracker:
         for key, name in HPARAM_METRICS.items():
             if key in metrics:
                 self._last[name] = (float(metrics[key]), step)
+        for key in metrics:  # a data mixture's sources: hparam/val_loss_<source>
+            if key.startswith(SOURCE_LOSS_KEY):
+                self._last["hparam/val_loss_" + key.removeprefix(SOURCE_LOSS_KEY)] = (float(metrics[key]), step)
 
     def log_samples(self, records: list[dict], step: int) -> None:
         texts = {f"{SAMPLES_TAG}/{i}": sample_markdown(record) for i, record in enumerate(records)}

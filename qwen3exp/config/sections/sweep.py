@@ -24,6 +24,9 @@ OBJECTIVES: dict[str, Direction] = {
     "val_reward_accuracy": "maximize",
 }
 """What a job can return to a sweeper (from its summary.json), with the direction that is better."""
+SOURCE_OBJECTIVE = re.compile(r"val_loss_(?P<source>[a-z][a-z0-9_]{0,31})")
+"""`val_loss_<source>`: one source's held-out loss of a data mixture (minimized); the source is checked
+against data.sources by `qwen3exp.config.rules.source_objective_problems`."""
 EVAL_PREFIX = "eval."
 EVAL_OBJECTIVE = re.compile(r"eval\.(?P<task>[^,\s]+)\.(?P<metric>[A-Za-z0-9_]+)(?:,(?P<filter>[^\s.]+))?")
 """`eval.<task>.<metric>[,<filter>]`: a score of summary.json's `eval` (task names may hold dots)."""
@@ -38,14 +41,18 @@ EVAL_DIRECTIONS: dict[str, Direction] = {
 }
 """lm-eval's metrics whose better direction qwen3exp knows (lm-eval's `higher_is_better`); another
 metric needs `sweep.direction`."""
-_ALLOWED = ", ".join(OBJECTIVES) + ", or eval.<task>.<metric> (a score of eval=lm_eval, e.g. eval.qwen3exp_tiny.acc)"
+_ALLOWED = (
+    ", ".join(OBJECTIVES)
+    + ", val_loss_<source> (data=mix), or eval.<task>.<metric> (a score of eval=lm_eval, e.g. eval.qwen3exp_tiny.acc)"
+)
 
 
 class Sweep(Strict):
     objective: str | None = None
     """What each job returns to Hydra's sweeper (Optuna optimizes it; the end table ranks by it):
     val_loss (the last validation loss) and last_loss are minimized, tokens_per_second and
-    val_reward_accuracy (a preference objective's, on the held-out pairs) maximized;
+    val_reward_accuracy (a preference objective's, on the held-out pairs) maximized; val_loss_<source>
+    (data=mix: one source's held-out loss; val_loss is then the token-weighted mean) minimized;
     eval.<task>.<metric> (a score of eval=lm_eval, e.g. eval.qwen3exp_tiny.acc) in the metric's
     direction (sweep.direction). None: val_loss when validation is on, else last_loss."""
     direction: Direction | None = None
@@ -70,6 +77,10 @@ class Sweep(Strict):
                 why = f"{metric or 'the default objective (a loss)'} is {fixed}d"
                 raise ValueError(tagged("direction", self.direction, why, f"null or {fixed}"))
             return self
+        if SOURCE_OBJECTIVE.fullmatch(metric):
+            if self.direction not in (None, "minimize"):
+                raise ValueError(tagged("direction", self.direction, f"{metric} is minimized", "null or minimize"))
+            return self
         m = EVAL_OBJECTIVE.fullmatch(metric)
         if m is None:
             raise ValueError(tagged("objective", metric, "is not an objective a job records", _ALLOWED))
@@ -89,5 +100,7 @@ class Sweep(Strict):
         """The better direction of `metric` (this section's objective, or the default one)."""
         if metric in OBJECTIVES:
             return OBJECTIVES[metric]
+        if SOURCE_OBJECTIVE.fullmatch(metric):
+            return "minimize"
         m = EVAL_OBJECTIVE.fullmatch(metric)
         return self.direction or EVAL_DIRECTIONS[m["metric"] if m else metric]
