@@ -32,9 +32,11 @@ def problems_from_validation(root: Root, e: ValidationError, data: dict, prefix:
         if TAG in msg:
             out += _untagged(msg, _key(root, err["loc"]), data)
             continue
-        key = _key(root, err["loc"])
+        key = _key(root, err["loc"], data)
         value = value_at(data, key)
-        if err["type"] == "extra_forbidden":
+        if err["type"] == "union_tag_not_found":
+            out.append(_no_tag(key, value, data))
+        elif err["type"] == "extra_forbidden":
             siblings = _field_names(root, key, data)
             out.append(
                 Problem(
@@ -63,12 +65,42 @@ def _untagged(msg: str, where: str, data: dict) -> list[Problem]:
     return out
 
 
-def _key(root: Root, loc: tuple) -> str:
+def _key(root: Root, loc: tuple, data: Any = None) -> str:
     parts = [str(x) for x in loc]
     # Drop the union tag pydantic inserts after a union field (model.native.flavor -> model.flavor).
     if len(parts) >= 2 and parts[0] in _unions(root):
         parts.pop(1)
-    return ".".join(parts)
+    # ... and after a union nested in a mapping (data.sources.web.bundled.weight -> data.sources.web.weight).
+    out, cur = list[str](), data
+    for part in parts:
+        if isinstance(cur, dict) and part not in cur and part in (v for v in cur.values() if isinstance(v, str)):
+            continue
+        out.append(part)
+        cur = cur.get(part) if isinstance(cur, dict) else None
+    return ".".join(out)
+
+
+NEW_SOURCE = "+data.sources.{name}={{source: bundled|local|hf|chat|preference, weight: 1}}"
+"""How an override adds a source to a mixture (the hint of a source name that does not exist)."""
+
+
+def _no_tag(key: str, value: Any, data: dict) -> Problem:
+    """A section of a union without its tag: under data.sources, a source name no source has (an
+    override such as `data.sources.nope.weight=0.5` made it)."""
+    parent, _, name = key.rpartition(".")
+    if parent == "data.sources":
+        sources = value_at(data, parent)
+        sources = sources if isinstance(sources, dict) else {}
+        known = [n for n, s in sources.items() if isinstance(s, dict) and "source" in s]
+        return Problem(
+            key,
+            value,
+            f"source {name!r} does not exist (it has no data.sources.{name}.source): the sources are "
+            + (", ".join(known) or "none"),
+            one_of(known) or "a source defined in the experiment",
+            did_you_mean(name, known) or f"a new source names its kind: {NEW_SOURCE.format(name=name)}",
+        )
+    return Problem(key, value, "names no kind (its tag is missing)", None, None)
 
 
 def _unions(root: Root) -> set[str]:
