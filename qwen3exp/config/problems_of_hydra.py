@@ -80,8 +80,13 @@ def problems_from_compose_error(e: Exception, parsed: list, base) -> list[Proble
 
 def _unknown_source(key: str, ov, known: list[str]) -> Problem:
     """An override of a source of data=mix that the experiment does not define (a typo, or a sweep
-    over a source name that does not exist)."""
-    name = key.split(".")[2]
+    over a source name that does not exist), or of a key its source does not set (a source holds
+    only the keys its file gives: `+` adds one)."""
+    name, value = key.split(".")[2], ov.get_value_element_as_str()
+    if name in known:
+        why = f"is not set in source {name} (a source holds only the keys its experiment file gives)"
+        allowed = "a key of the source's kind, or weight, max_epochs, over_max_epochs, validation_path"
+        return Problem(key, value, why, allowed, f"add it with +{key}={value}", source=f"command line {ov.input_line}")
     return Problem(
         key,
         ov.get_value_element_as_str(),

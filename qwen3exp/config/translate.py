@@ -34,7 +34,12 @@ def problems_from_validation(root: Root, e: ValidationError, data: dict, prefix:
             continue
         key = _key(root, err["loc"], data)
         value = value_at(data, key)
-        if err["type"] == "union_tag_not_found":
+        if "[key]" in err["loc"]:  # a mapping's key (a source's name) that is not valid
+            key = key.split(".[key]")[0]
+            pattern = (err.get("ctx") or {}).get("pattern", "")
+            name = key.rsplit(".", 1)[-1]
+            out.append(Problem(key, name, f"is not a valid name: {msg}", f"a name matching {pattern}"))
+        elif err["type"] == "union_tag_not_found":
             out.append(_no_tag(key, value, data))
         elif err["type"] == "extra_forbidden":
             siblings = _field_names(root, key, data)

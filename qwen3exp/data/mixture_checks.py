@@ -19,6 +19,7 @@ from qwen3exp.config.sections.mixture import MixtureData
 from qwen3exp.data import figures as data_figures, files as data_files
 from qwen3exp.data.chat import packing as chat_packing
 from qwen3exp.data.chat.render import chat_files
+from qwen3exp.data.mixture_lines import count
 from qwen3exp.data.mixture_views import rekeyed, views
 from qwen3exp.data.preference import files as preference_files
 from qwen3exp.data.text import hf_files as hf_data_files
@@ -119,8 +120,8 @@ def epoch_problems(exp, figures: dict | None) -> list[Problem]:
         if f["epochs"] > share.max_epochs:
             why = (
                 f"source {n} would be read {f['epochs']:.3g} times within training.steps={exp.training.steps} "
-                f"(weight {f['weight']:.3g}: {f['trained']:,.0f} trained tokens; its {f['unit']}: "
-                f"{f['tokens'] or '?'} tokens)"
+                f"(weight {f['weight']:.3g}: {f['trained']:,.0f} trained tokens of its "
+                f"{count(f['tokens'])} tokens)"
             )
             allowed = f"at least {f['epochs']:.3g}, or over_max_epochs=cap (it stops; the other sources fill its place)"
             hint = "or a lower weight, fewer training.steps or more data"

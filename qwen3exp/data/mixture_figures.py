@@ -111,7 +111,8 @@ def figures(exp, folder, batches) -> dict | None:
 
 def _totals(exp, sources: dict) -> dict:
     off = [n for n, s in exp.data.sources.items() if s.weight == 0]
-    guessed = any(s["estimated"] for s in sources.values())
+    chats = any(s["unit"] != "documents" for s in sources.values())
+    guessed = "estimated: a conversation or pair trains the checked ones' mean" if chats else "estimated"
     return {
         "source": "mix",
         "documents": _sum(s["records"] for s in sources.values()),
@@ -119,7 +120,7 @@ def _totals(exp, sources: dict) -> dict:
         "tokens_from": "each source counted by its kind",
         "epochs": None,
         "trained": round(sum(s["trained"] for s in sources.values())),
-        "trained_from": "an estimate: a conversation trains the checked ones' mean" if guessed else "counted",
+        "trained_from": guessed if any(s["estimated"] for s in sources.values()) else "counted",
         "sources": sources,
         "off": off,
     }

@@ -6,7 +6,8 @@ from qwen3exp.config.sections.mixture import MixtureData
 from qwen3exp.data.figures import epochs_text
 
 
-def _n(value) -> str:
+def count(value) -> str:
+    """A count with thousands separators, ? when not known."""
     return "?" if value is None else f"{value:,}"
 
 
@@ -27,7 +28,7 @@ def plan_lines(plan) -> list[str]:
         capped = f"; capped at data.sources.{n}.max_epochs={d.sources[n].max_epochs:g}" if s["capped"] else ""
         lines += [
             f"  {n}: {s['source']}, {s['location']}",
-            f"            {_n(s['records'])} {s['unit']}, {_n(s['tokens'])} tokens ({s['tokens_from']}); "
+            f"            {count(s['records'])} {s['unit']}, {count(s['tokens'])} tokens ({s['tokens_from']}); "
             f"weight {s['weight']:.3g} (data.sources.{n}.weight={raw:g}, normalised)",
             f"            within training.steps: {s['trained']:,.0f} trained tokens{est} in {s['sequences']:,.1f} "
             f"sequences = {epochs_text(s['epochs'])}{capped}; trains {s['trains']}",

@@ -3,8 +3,8 @@ dry run's sample for data=mix (one kind: `qwen3exp.data.sample` as is).
 
 Each source's first samples are its kind's (`sample.first_samples` on the source's view), and they
 are interleaved the way the blend chooses (`qwen3exp.data.mixture`): next comes the source whose
-trained tokens so far fall furthest below its weight's share (deficit-greedy; ties to the larger
-weight, then the source named first). A sample here is a kind's sample (a document, a
+trained tokens so far fall furthest below its weight's share (deficit-greedy; a tie to the source
+named first). A sample here is a kind's sample (a document, a
 conversation), so the order shows which source comes when; the ranks' blend index, which chooses
 per sequence, is what training reads.
 """
@@ -32,7 +32,7 @@ def first_samples(exp, folder: str | Path, count: int) -> Samples:
         if not ready:
             break
         total = sum(got.values())
-        n = max(ready, key=lambda m: (weights[m] * total - got[m], weights[m]))
+        n = max(ready, key=lambda m: weights[m] * total - got[m])  # the first on a tie, as the blend
         s = per[n].samples[taken[n]]
         taken[n] += 1
         got[n] += s.trained
