@@ -42,7 +42,7 @@ from qwen3exp.run import (
     scorecard,
     timelimit,
 )
-from qwen3exp.titan import weights_record
+from qwen3exp.titan import data_tokens, weights_record
 from qwen3exp.titan.overrides import merge_applied
 
 EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -202,7 +202,7 @@ def summarize(
         "node_rank": plan.placement.node_rank,
         "data": plan.data,  # the plan's figures: documents, tokens, epochs, separator; chat: dropped, truncated
     }
-    summary.update(extra or {})
+    summary.update({**data_tokens.summary_fields(run_dir), **(extra or {})})  # data=mix: tokens per source
     write_summary(run_dir / node_file(rundir.SUMMARY, plan.placement), summary)
     return summary
 

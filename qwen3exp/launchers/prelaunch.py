@@ -19,7 +19,7 @@ from qwen3exp.launchers.torchrun import rank_env
 from qwen3exp.plan import render, tracking
 from qwen3exp.plan.build import Plan
 from qwen3exp.run import console, identity, metrics_file, procs, provenance, redact, rundir, timelimit
-from qwen3exp.titan import refusal, weights_record
+from qwen3exp.titan import data_tokens, refusal, weights_record
 
 
 def write_run_files(plan: Plan, run_dir: Path) -> None:
@@ -89,6 +89,7 @@ def prepare_run_dir(plan: Plan, run_dir: Path, origin: provenance.Origin | None)
     resumed_from = _reset_metrics(exp, run_dir) if where.node_rank == 0 else None
     if where.node_rank == 0 and resumed_from is None:
         weights_record.clear(run_dir)  # the ranks report their own step-0 load
+        data_tokens.clear(run_dir)  # data=mix: the ranks count from step 1 again
     refusal.refusal_path(run_dir).unlink(missing_ok=True)  # an earlier launch's, in a relaunched directory
     if where.node_rank == 0:
         timelimit.clear(logs)

@@ -82,16 +82,19 @@ def _entry(path: str, text_field: str, *, part: str, fraction: float | None):
     )
 
 
-def register(path: str, text_field: str = "text", *, held_out_fraction: float | None = None, hf=None) -> str:
+def register(
+    path: str, text_field: str = "text", *, held_out_fraction: float | None = None, hf=None, name: str = DATASET_NAME
+) -> str:
     """The training dataset: every document of `path`, less the held-out ones (if a fraction);
-    `hf`: a data=hf section, read instead of `path`."""
+    `hf`: a data=hf section, read instead of `path`. `name`: the entry's name (a mixture registers
+    one per source)."""
     from torchtitan.hf_datasets.text_datasets import DATASETS  # lazy: torchtitan in the ranks only
 
     if hf is not None:
-        return register_hf(hf, held_out_fraction=held_out_fraction)
+        return register_hf(hf, held_out_fraction=held_out_fraction, name=name)
     part = TRAIN if held_out_fraction is not None else ALL
-    DATASETS[DATASET_NAME] = _entry(path, text_field, part=part, fraction=held_out_fraction)
-    return DATASET_NAME
+    DATASETS[name] = _entry(path, text_field, part=part, fraction=held_out_fraction)
+    return name
 
 
 def hf(data) -> HFData | None:
@@ -110,13 +113,15 @@ def _hf_entry(data, *, part: str, fraction: float | None):
     )
 
 
-def register_hf(data, *, held_out_fraction: float | None = None, validation: bool = False) -> str:
+def register_hf(
+    data, *, held_out_fraction: float | None = None, validation: bool = False, name: str | None = None
+) -> str:
     """data=hf (an HFData section): the training rows (less the held-out ones, if a fraction), or
-    with `validation` the held-out rows."""
+    with `validation` the held-out rows; `name`: the entry's name (None: the one-source names)."""
     from torchtitan.hf_datasets.text_datasets import DATASETS  # lazy: torchtitan in the ranks only
 
     part = (VALIDATION if validation else TRAIN) if held_out_fraction is not None else ALL
-    name = VALIDATION_NAME if validation else DATASET_NAME
+    name = name or (VALIDATION_NAME if validation else DATASET_NAME)
     DATASETS[name] = _hf_entry(data, part=part, fraction=held_out_fraction)
     return name
 

@@ -5,11 +5,9 @@ cannot be pickled), and in the launcher only where the plan needs the config tre
 their matches are computed on it, once per plan). torchtitan is imported inside the function only.
 Its one side effect, registering the local dataset in torchtitan's dataset table, is idempotent.
 
-torchtitan's own checks (`Trainer.Config.__post_init__`) run wherever the config is built:
-`build_checked` turns what they raise into a ConfigError naming torchtitan. In a rank that is
-before the trainer is built, so before any training step: the rank records the refusal
-(`qwen3exp.titan.refusal`) and exits with code 2; the launcher, which watches for that file, stops
-torchrun at once and ends the launch with the ConfigError.
+torchtitan's own checks (`Trainer.Config.__post_init__`) run wherever the config is built: `build_checked`
+turns what they raise into a ConfigError naming torchtitan. A rank, before any training step, records the
+refusal (`qwen3exp.titan.refusal`) and exits 2; the launcher, watching for it, stops torchrun with that error.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from qwen3exp.errors import ConfigError, Problem
 from qwen3exp.plan import auto_layout, lora_base, model_files
 from qwen3exp.platforms import PlatformFacts
 from qwen3exp.run import rundir
-from qwen3exp.titan import dataset, overrides
+from qwen3exp.titan import dataset, mixture_config, overrides
 from qwen3exp.titan.model import qwen3_model_spec
 
 TORCHTITAN_KEY = "(torchtitan Trainer.Config)"
@@ -87,6 +85,8 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
     from torchtitan.config.override import OverrideConfig  # lazy: torchtitan in the ranks
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader  # lazy: torchtitan in the ranks
 
+    if exp.data.source == "mix":  # data=mix: its first source's config, the mixture's dataloader
+        return mixture_config.mixed(exp, facts, run_dir, to_torchtitan, data_path)
     t = exp.training
     arch = resolve_arch(exp)
     config_cls, extra, model_spec = _model(exp, facts, arch)
