@@ -123,9 +123,9 @@ def test_the_plan_shows_each_source_counted_independently(tmp_path):
     sequences = p.batches.global_batch_size * p.exp.training.steps
     assert corpus["sequences"] + chats["sequences"] == pytest.approx(sequences)
     assert corpus["trained"] / f["trained"] == pytest.approx(0.7, abs=1e-3)
-    # Plain text: a sequence trains every token but each document's first; the held-out 10% is not read.
+    # Plain text: every position of a packed sequence is a label; the held-out 10% is not read.
     seq_len = p.exp.training.seq_len
-    assert corpus["trained_per_sequence"] == pytest.approx(seq_len * (1 - docs / tokens))
+    assert corpus["trained_per_sequence"] == seq_len
     assert corpus["epochs"] == pytest.approx(corpus["sequences"] * seq_len / (tokens * 0.9))
     # Conversations: one per sequence, 32 of the 320 held out (validation.fraction 0.1).
     assert chats["epochs"] == pytest.approx(chats["sequences"] / 288) and chats["estimated"]
@@ -168,7 +168,7 @@ def test_the_dry_run_prints_each_source():
     assert "data:       a mixture of 2 sources (data=mix)" in out
     assert "  corpus: bundled, bundled corpus" in out and "  chats: chat, bundled chat data" in out
     assert "weight 0.7 (data.sources.corpus.weight=0.7, normalised)" in out
-    assert "plain text and conversations in one run: plain text trains every token" in out
+    assert "plain text and conversations in one run: plain text trains every token, a conversation" in out
     assert "--- sample 1: source corpus (bundled): document 1" in out
 
 

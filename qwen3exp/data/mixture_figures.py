@@ -6,8 +6,8 @@ trained tokens: a source whose sequences train `t` tokens each is chosen in prop
 weight / t. Over the run's S sequences (global batch x training.steps), the trained tokens are
 T = S / sum(weight_i / t_i), source i gives weight_i x T of them in weight_i x T / t_i sequences,
 and its epochs are the epochs a one-source run of S sequences makes (its kind's figure) scaled by
-its share of the sequences. `t` per kind: plain text, seq_len x (1 - documents / tokens) (every
-token but each document's first is trained); conversations and pairs, the mean trained tokens of
+its share of the sequences. `t` per kind, as the ranks count it (labels not ignored): plain text,
+seq_len (packed documents: every position is a label); conversations and pairs, the mean trained tokens of
 the conversations the kind's plan checked (an estimate, and said so); packed conversations, that
 mean x the conversations per packed sequence. A source over its `max_epochs` with
 over_max_epochs=cap keeps the sequences max_epochs allows and the others share the rest.
@@ -52,9 +52,7 @@ def _per_sequence(v, f, folder) -> tuple[float | None, str, str]:
         p = preference_files.stats(d, folder, seq_len)
         kept = p.checked - p.dropped
         return ((p.chosen + p.rejected) / (2 * kept) if kept else None), "pairs", "each side's final answer"
-    if f.tokens and f.documents:
-        return seq_len * (1 - f.documents / f.tokens), "documents", "every token but each document's first"
-    return float(seq_len), "documents", "every token but each document's first"
+    return float(seq_len), "documents", "every position of its sequences"
 
 
 def _shares(sources: dict, total: int) -> dict[str, float]:

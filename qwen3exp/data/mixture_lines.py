@@ -39,7 +39,7 @@ def plan_lines(plan) -> list[str]:
     units = {s["unit"] for s in f["sources"].values()}
     if "documents" in units and "conversations" in units:
         lines.append(
-            "            plain text and conversations in one run: plain text trains every token (but each "
-            "document's first), a conversation the turns its data.sources.<name>.loss_on names"
+            "            plain text and conversations in one run: plain text trains every token, a conversation "
+            "the turns its data.sources.<name>.loss_on names"
         )
     return lines
