@@ -142,8 +142,7 @@ def make_plan(
     `env`: the scheduler's environment for the node placement (default: this process's);
     `claims_of`: the kernel override matcher (see `ClaimsOf`), needed when kernels are active."""
     files, facts, mesh, batches, claims, where, exp, layout = _resolve_stages(exp, env, claims_of)
-    arch = files.arch
-    mix = mixture_figures.figures(exp, files.folder, batches)  # data=mix: each source's figures (else None)
+    arch, mix = files.arch, mixture_figures.figures(exp, files.folder, batches)  # mix: data=mix's (else None)
     warnings = _sharing_warnings(facts, mesh) + mixture_figures.warnings(mix)
     total, active = arch.param_counts()
     trainable = memory.trainable_of(arch, exp.peft)
