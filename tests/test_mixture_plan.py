@@ -178,3 +178,16 @@ def test_data_show_names_each_samples_source():
     headers = [line for line in r.stdout.splitlines() if line.startswith("--- sample ")]
     assert len(headers) == 4 and headers[0].startswith("--- sample 1 of 4: source corpus (bundled): document 1")
     assert any(": source chats (chat): conversation 1" in h for h in headers), headers
+
+
+def test_weights_are_sweep_and_search_parameters():
+    """A grid over one weight plans each point with its normalised share; an Optuna search over the
+    raw weights is checked at both ends of every interval before it starts."""
+    r = run_cli("-m", *MIX, "data.sources.chats.weight=0.1,0.6")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "weight 0.125 (data.sources.chats.weight=0.1, normalised)" in r.stdout  # 0.1 / (0.7 + 0.1)
+    assert "weight 0.462 (data.sources.chats.weight=0.6, normalised)" in r.stdout  # 0.6 / (0.7 + 0.6)
+    search = ("hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "data.sources.chats.weight=interval(0.1,1.0)")
+    r = run_cli("-m", *MIX, *search)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "checked 2 representative point(s)" in r.stdout and "all pass" in r.stdout, r.stdout[:3000]

@@ -37,7 +37,7 @@ def print_plans(points, out=None) -> int:
         table = plan.provenance
         print(render(plan, provenance_diff=first_table), file=out)
         # The first training sample, its trained tokens marked: once per data a sweep's points read.
-        seq_len = plan.exp.training.seq_len if plan.exp.data.source == "chat" else None  # chat: fitted to it
+        seq_len = plan.exp.training.seq_len if plan.exp.data.source in ("chat", "mix") else None  # chat: fitted to it
         data = (plan.exp.data.model_dump_json(), seq_len, str(plan.files.folder))
         if data not in sampled:
             sampled.add(data)
