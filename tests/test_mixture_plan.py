@@ -161,6 +161,21 @@ def test_a_capped_source_leaves_its_place_to_the_others(tmp_path):
     assert corpus["sequences"] == pytest.approx(p.batches.global_batch_size * p.exp.training.steps - 288)
 
 
+def test_every_source_capped_before_the_last_step_is_refused(tmp_path):
+    from qwen3exp.errors import ConfigError
+
+    caps = [
+        f"+data.sources.{n}.{k}"
+        for n, e in (("chats", 1), ("corpus", 0.1))
+        for k in (f"max_epochs={e}", "over_max_epochs=cap")
+    ]
+    with pytest.raises(ConfigError) as e:
+        plan_of(tmp_path, "experiment=tiny_mix", *caps)
+    [p] = e.value.problems
+    assert (p.key, p.value, p.allowed) == ("training.steps", 30, "at most 22"), p
+    assert "every source reaches its max_epochs (over_max_epochs=cap) after about 22 of the 30 steps" in p.message
+
+
 def test_the_dry_run_prints_each_source():
     r = run_cli(*MIX)
     assert r.returncode == 0, r.stderr[-3000:]

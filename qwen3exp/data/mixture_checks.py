@@ -126,4 +126,22 @@ def epoch_problems(exp, figures: dict | None) -> list[Problem]:
             allowed = f"at least {f['epochs']:.3g}, or over_max_epochs=cap (it stops; the other sources fill its place)"
             hint = "or a lower weight, fewer training.steps or more data"
             out.append(Problem(f"data.sources.{n}.max_epochs", share.max_epochs, why, allowed, hint))
-    return out
+    return out + _run_out(exp, figures)
+
+
+def _run_out(exp, figures: dict) -> list[Problem]:
+    """Every source capped (over_max_epochs=cap) before training.steps end: the ranks' blend has
+    nothing left to draw and the run would stop short."""
+    drawn, total, steps = (
+        sum(s["sequences"] for s in figures["sources"].values()),
+        figures["sequences"],
+        exp.training.steps,
+    )
+    if drawn >= total * (1 - 1e-9):
+        return []
+    k = int(drawn / total * steps)
+    why = f"every source reaches its max_epochs (over_max_epochs=cap) after about {k} of the {steps} steps: "
+    why += "the data runs out"
+    return [
+        Problem("training.steps", steps, why, f"at most {k}", "or higher data.sources.<name>.max_epochs, or more data")
+    ]

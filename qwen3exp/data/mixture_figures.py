@@ -104,7 +104,7 @@ def figures(exp, folder, batches) -> dict | None:
         s["epochs"] = seqs[n] * per if per else None
         cap = s.pop("cap")
         s["capped"] = cap is not None and seqs[n] >= cap * (1 - 1e-9)
-    return _totals(exp, sources)
+    return {**_totals(exp, sources), "sequences": total}
 
 
 def _totals(exp, sources: dict) -> dict:
