@@ -66,6 +66,7 @@ REFUSALS = [
         "data.sources.more.path = '/nonexistent/web.jsonl'",
         "an existing",
     ),
+    ("a source's required key", ["+data.sources.x={source: local, weight: 0.1}"], "data.sources.x.path", "A .jsonl"),
     (
         "a source's validation file",
         ["+data.sources.chats.validation_path=/nonexistent/val.jsonl"],
@@ -206,3 +207,10 @@ def test_weights_are_sweep_and_search_parameters():
     r = run_cli("-m", *MIX, *search)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "checked 2 representative point(s)" in r.stdout and "all pass" in r.stdout, r.stdout[:3000]
+
+
+def test_help_describes_each_sources_keys():
+    r = run_cli(*MIX, "--help")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "  data.sources.corpus.weight (float >= 0) = 0.7\n      The source's share of the trained tokens" in r.stdout
+    assert "  data.sources.chats.source (chat) = chat" in r.stdout

@@ -12,6 +12,7 @@ import typing
 from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
 from qwen3exp.config.sections.base import SEP, TAG
@@ -207,14 +208,16 @@ def describe(root: Root, key: str) -> str | None:
     (data.path is a field of data=local only)."""
     current: list[type[BaseModel]] = [root]
     parts = key.split(".")
-    for i, part in enumerate(parts):
-        fields = [m.model_fields[part] for m in current if part in m.model_fields]
+    i = 0
+    while i < len(parts):
+        fields = [m.model_fields[parts[i]] for m in current if parts[i] in m.model_fields]
         if not fields:
             return None
         if i == len(parts) - 1:
             desc = next((f.description for f in fields if f.description), None)
             return " ".join(desc.split()) if desc else None
         current = [m for f in fields for m in _models(f.annotation)]
+        i += 2 if any(_entry(f) is not None for f in fields) and i + 2 < len(parts) else 1  # data.sources.<name>
     return None
 
 
@@ -224,15 +227,34 @@ def field_of(root: Root, key: str, data: dict) -> Any:
     model: Any = root
     node: Any = data
     parts = key.split(".")
-    for i, part in enumerate(parts):
-        fld = model.model_fields.get(part) if model is not None else None
+    i = 0
+    while i < len(parts):
+        fld = model.model_fields.get(parts[i]) if model is not None else None
         if fld is None:
             return None
         if i == len(parts) - 1:
             return fld
-        node = node.get(part) if isinstance(node, dict) else None
-        model = _variant(fld, node)
+        node = node.get(parts[i]) if isinstance(node, dict) else None
+        if (entry := _entry(fld)) is not None and i + 2 < len(parts):  # name -> section (data.sources.<name>.<key>)
+            i += 1
+            node = node.get(parts[i]) if isinstance(node, dict) else None
+            model = _variant(entry, node)
+        else:
+            model = _variant(fld, node)
+        i += 1
     return None
+
+
+def _entry(fld: Any) -> Any:
+    """For a mapping whose values are sections (data.sources), its value's field (type and
+    discriminator); None for any other field."""
+    args = typing.get_args(fld.annotation)
+    if typing.get_origin(fld.annotation) is not dict or len(args) != 2:
+        return None
+    meta = [m for m in getattr(args[1], "__metadata__", ()) if isinstance(m, FieldInfo)]
+    tag = next((m.discriminator for m in meta if m.discriminator), None)
+    value = typing.get_args(args[1])[0] if meta else args[1]
+    return FieldInfo(annotation=value, discriminator=tag) if _first_model(value) is not None else None
 
 
 def type_name(annotation: Any) -> str:
