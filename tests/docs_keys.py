@@ -20,7 +20,9 @@ from qwen3exp.config import registered
 from qwen3exp.config.argv import CONF_DIR, GROUPS
 from qwen3exp.config.schema import Experiment
 from qwen3exp.config.sections.base import INT_MAX
+from qwen3exp.config.sections.mixture import Share
 from qwen3exp.config.translate import field_of, type_name
+from qwen3exp.data.mixture_views import KINDS
 from qwen3exp.run.rundir import flatten
 
 HEAD = f"""\
@@ -91,6 +93,21 @@ def entries() -> list[tuple[str, str, str, str, str]]:
                 doc = f"which variant this is: set by choosing `{section}=...`"
             shown = "required" if value == "???" else json.dumps(value)
             out.append((title, key, kind.replace(f" <= {INT_MAX}", ""), shown, doc))
+        if (section, variant) == ("data", "mix"):
+            out += source_entries(f"### `data` (`data={variant}`)")
+    return out
+
+
+def source_entries(title: str) -> list[tuple[str, str, str, str, str]]:
+    """The keys of one source of data=mix: its kind (whose keys `data=<kind>` lists) and `Share`'s."""
+    kinds = "|".join(KINDS)
+    doc = "The source's kind; its other keys are that kind's, as its `data=<kind>` section above lists them."
+    out = [(title, "data.sources.<name>.source", kinds, "required", doc)]
+    for name, fld in Share.model_fields.items():
+        kind = type_name(Annotated[(fld.annotation, *fld.metadata)] if fld.metadata else fld.annotation)
+        out.append(
+            (title, f"data.sources.<name>.{name}", kind, json.dumps(fld.default), " ".join(fld.description.split()))
+        )
     return out
 
 

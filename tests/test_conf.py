@@ -18,6 +18,7 @@ from trn2_assets import overrides_for
 REQUIRED: dict[str, list[str]] = {
     "data/local": [f"data.path={CORPUS_DIR / 'train.jsonl'}"],
     "data/hf": [f"data.files={CORPUS_DIR / 'train.jsonl'}"],
+    "data/mix": ["data.sources={corpus: {source: bundled, weight: 0.7}, chats: {source: chat, weight: 0.3}}"],
     "checkpoint/hf_load": ["model.flavor=auto", "model.hf_assets_path={hf_checkpoint}"],
     "checkpoint/hf_roundtrip": ["model.flavor=auto", "model.hf_assets_path={hf_checkpoint}"],
     "checkpoint/hf_finetune": ["model.flavor=auto", "model.hf_assets_path={hf_checkpoint}"],

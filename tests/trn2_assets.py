@@ -17,7 +17,7 @@ import struct
 import tempfile
 from pathlib import Path
 
-from qwen3exp.assets import TOKENIZER_DIR
+from qwen3exp.assets import CORPUS_DIR, TOKENIZER_DIR
 
 # https://huggingface.co/Qwen/Qwen3-4B-Instruct-2507/blob/main/config.json (the values that matter)
 QWEN3_4B_INSTRUCT_2507 = {
@@ -143,8 +143,24 @@ def standins() -> dict[str, Path]:
     return {"4b": _ROOT / "Qwen3-4B-Instruct-2507", "30b_a3b": _ROOT / "Qwen3-30B-A3B"}
 
 
+MIX_COPIES = {"web": 17, "code": 8}
+"""trn2_qwen3_4b_mix's two corpora here: the bundled corpus repeated (2.7M and 1.3M tokens of the
+bundled tokenizer), enough for the experiment's 20 steps to read each under its max_epochs of 4."""
+
+
+def mix_corpora() -> dict[str, Path]:
+    """Stand-ins for the corpora trn2_qwen3_4b_mix names (created once per test session)."""
+    root, text = standins()["4b"].parent, (CORPUS_DIR / "train.jsonl").read_text()
+    out = {name: root / f"{name}.jsonl" for name in MIX_COPIES}
+    for name, path in out.items():
+        if not path.exists():
+            path.write_text(text * MIX_COPIES[name])
+    return out
+
+
 def overrides_for(experiment: str) -> list[str]:
     """What a trn2 experiment needs on this machine: a dry run (no Trainium) and the stand-in for
-    the published folder it names."""
+    the published folder it names (and for trn2_qwen3_4b_mix, its corpora)."""
     folder = standins()["30b_a3b" if "30b_a3b" in experiment else "4b"]
-    return ["dry_run=true", f"model.hf_assets_path={folder}"]
+    sources = [f"data.sources.{n}.path={p}" for n, p in mix_corpora().items()] if "_mix" in experiment else []
+    return ["dry_run=true", f"model.hf_assets_path={folder}", *sources]

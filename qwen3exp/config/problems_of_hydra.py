@@ -5,7 +5,7 @@ from __future__ import annotations
 from omegaconf import OmegaConf
 
 from qwen3exp.config.schema import Experiment
-from qwen3exp.config.translate import describe
+from qwen3exp.config.translate import NEW_SOURCE, describe
 from qwen3exp.errors import MISSING, Problem, did_you_mean, one_of
 
 
@@ -48,7 +48,9 @@ def problems_from_compose_error(e: Exception, parsed: list, base) -> list[Proble
         parent_key, _, leaf = key.rpartition(".")
         sections = [str(k) for k in base.keys() if k != "hydra"]
         parent = OmegaConf.select(base, parent_key) if parent_key else base
-        if parent is None or not OmegaConf.is_dict(parent):
+        if parent_key.startswith("data.sources.") and OmegaConf.is_dict(OmegaConf.select(base, "data.sources")):
+            problems.append(_unknown_source(key, ov, [str(k) for k in OmegaConf.select(base, "data.sources")]))
+        elif parent is None or not OmegaConf.is_dict(parent):
             top = key.split(".")[0]
             problems.append(
                 Problem(
@@ -74,6 +76,25 @@ def problems_from_compose_error(e: Exception, parsed: list, base) -> list[Proble
                 )
             )
     return problems or [_unattributed(e, parsed)]
+
+
+def _unknown_source(key: str, ov, known: list[str]) -> Problem:
+    """An override of a source of data=mix that the experiment does not define (a typo, or a sweep
+    over a source name that does not exist), or of a key its source does not set (a source holds
+    only the keys its file gives: `+` adds one)."""
+    name, value = key.split(".")[2], ov.get_value_element_as_str()
+    if name in known:
+        why = f"is not set in source {name} (a source holds only the keys its experiment file gives)"
+        allowed = "a key of the source's kind, or weight, max_epochs, over_max_epochs, validation_path"
+        return Problem(key, value, why, allowed, f"add it with +{key}={value}", source=f"command line {ov.input_line}")
+    return Problem(
+        key,
+        ov.get_value_element_as_str(),
+        f"source {name!r} does not exist: the sources are {one_of(known) or 'none'}",
+        one_of(f"data.sources.{k}" for k in known) or "a source defined in the experiment",
+        did_you_mean(name, known) or f"a new source names its kind: {NEW_SOURCE.format(name=name)}",
+        source=f"command line {ov.input_line}",
+    )
 
 
 def _unattributed(e: Exception, parsed: list) -> Problem:

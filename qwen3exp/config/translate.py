@@ -12,6 +12,7 @@ import typing
 from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
 from qwen3exp.config.sections.base import SEP, TAG
@@ -32,9 +33,16 @@ def problems_from_validation(root: Root, e: ValidationError, data: dict, prefix:
         if TAG in msg:
             out += _untagged(msg, _key(root, err["loc"]), data)
             continue
-        key = _key(root, err["loc"])
+        key = _key(root, err["loc"], data)
         value = value_at(data, key)
-        if err["type"] == "extra_forbidden":
+        if "[key]" in err["loc"]:  # a mapping's key (a source's name) that is not valid
+            key = key.split(".[key]")[0]
+            pattern = (err.get("ctx") or {}).get("pattern", "")
+            name = key.rsplit(".", 1)[-1]
+            out.append(Problem(key, name, f"is not a valid name: {msg}", f"a name matching {pattern}"))
+        elif err["type"] == "union_tag_not_found":
+            out.append(_no_tag(key, value, data))
+        elif err["type"] == "extra_forbidden":
             siblings = _field_names(root, key, data)
             out.append(
                 Problem(
@@ -63,12 +71,42 @@ def _untagged(msg: str, where: str, data: dict) -> list[Problem]:
     return out
 
 
-def _key(root: Root, loc: tuple) -> str:
+def _key(root: Root, loc: tuple, data: Any = None) -> str:
     parts = [str(x) for x in loc]
     # Drop the union tag pydantic inserts after a union field (model.native.flavor -> model.flavor).
     if len(parts) >= 2 and parts[0] in _unions(root):
         parts.pop(1)
-    return ".".join(parts)
+    # ... and after a union nested in a mapping (data.sources.web.bundled.weight -> data.sources.web.weight).
+    out, cur = list[str](), data
+    for part in parts:
+        if isinstance(cur, dict) and part not in cur and part in (v for v in cur.values() if isinstance(v, str)):
+            continue
+        out.append(part)
+        cur = cur.get(part) if isinstance(cur, dict) else None
+    return ".".join(out)
+
+
+NEW_SOURCE = "+data.sources.{name}={{source: bundled|local|hf|chat|preference, weight: 1}}"
+"""How an override adds a source to a mixture (the hint of a source name that does not exist)."""
+
+
+def _no_tag(key: str, value: Any, data: dict) -> Problem:
+    """A section of a union without its tag: under data.sources, a source name no source has (an
+    override such as `data.sources.nope.weight=0.5` made it)."""
+    parent, _, name = key.rpartition(".")
+    if parent == "data.sources":
+        sources = value_at(data, parent)
+        sources = sources if isinstance(sources, dict) else {}
+        known = [n for n, s in sources.items() if isinstance(s, dict) and "source" in s]
+        return Problem(
+            key,
+            value,
+            f"source {name!r} does not exist (it has no data.sources.{name}.source): the sources are "
+            + (", ".join(known) or "none"),
+            one_of(known) or "a source defined in the experiment",
+            did_you_mean(name, known) or f"a new source names its kind: {NEW_SOURCE.format(name=name)}",
+        )
+    return Problem(key, value, "names no kind (its tag is missing)", None, None)
 
 
 def _unions(root: Root) -> set[str]:
@@ -170,14 +208,16 @@ def describe(root: Root, key: str) -> str | None:
     (data.path is a field of data=local only)."""
     current: list[type[BaseModel]] = [root]
     parts = key.split(".")
-    for i, part in enumerate(parts):
-        fields = [m.model_fields[part] for m in current if part in m.model_fields]
+    i = 0
+    while i < len(parts):
+        fields = [m.model_fields[parts[i]] for m in current if parts[i] in m.model_fields]
         if not fields:
             return None
         if i == len(parts) - 1:
             desc = next((f.description for f in fields if f.description), None)
             return " ".join(desc.split()) if desc else None
         current = [m for f in fields for m in _models(f.annotation)]
+        i += 2 if any(_entry(f) is not None for f in fields) and i + 2 < len(parts) else 1  # data.sources.<name>
     return None
 
 
@@ -187,15 +227,34 @@ def field_of(root: Root, key: str, data: dict) -> Any:
     model: Any = root
     node: Any = data
     parts = key.split(".")
-    for i, part in enumerate(parts):
-        fld = model.model_fields.get(part) if model is not None else None
+    i = 0
+    while i < len(parts):
+        fld = model.model_fields.get(parts[i]) if model is not None else None
         if fld is None:
             return None
         if i == len(parts) - 1:
             return fld
-        node = node.get(part) if isinstance(node, dict) else None
-        model = _variant(fld, node)
+        node = node.get(parts[i]) if isinstance(node, dict) else None
+        if (entry := _entry(fld)) is not None and i + 2 < len(parts):  # name -> section (data.sources.<name>.<key>)
+            i += 1
+            node = node.get(parts[i]) if isinstance(node, dict) else None
+            model = _variant(entry, node)
+        else:
+            model = _variant(fld, node)
+        i += 1
     return None
+
+
+def _entry(fld: Any) -> Any:
+    """For a mapping whose values are sections (data.sources), its value's field (type and
+    discriminator); None for any other field."""
+    args = typing.get_args(fld.annotation)
+    if typing.get_origin(fld.annotation) is not dict or len(args) != 2:
+        return None
+    meta = [m for m in getattr(args[1], "__metadata__", ()) if isinstance(m, FieldInfo)]
+    tag = next((m.discriminator for m in meta if m.discriminator), None)
+    value = typing.get_args(args[1])[0] if meta else args[1]
+    return FieldInfo(annotation=value, discriminator=tag) if _first_model(value) is not None else None
 
 
 def type_name(annotation: Any) -> str:

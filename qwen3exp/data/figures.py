@@ -269,7 +269,7 @@ def plan_lines(plan) -> list[str]:
     f, d = plan.data, plan.exp.data
     if f and f.get("source") == "chat" and d.pack:
         return _pack_lines(plan)
-    if not f or f.get("source") in ("chat", "preference"):
+    if not f or f.get("source") in ("chat", "preference", "mix"):  # mix: `mixture_lines`
         return []
     b, steps = plan.batches, plan.exp.training.steps
     n = f"{f['documents']:,}" if f["documents"] is not None else "?"

@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from qwen3exp.data.chat.render import BadRecord
-from qwen3exp.data.sample import Sample, Samples, first_samples
+from qwen3exp.data.mixture_sample import first_samples
+from qwen3exp.data.sample import Sample, Samples
 from qwen3exp.errors import printable
 
 OPEN, CLOSE = "[[", "]]"

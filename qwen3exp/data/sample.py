@@ -78,8 +78,6 @@ def first_samples(exp, folder: str | Path, count: int) -> Samples:
         return _chat(exp, folder, count)
     if isinstance(exp.data, PreferenceData):
         return _pairs(exp, folder, count)
-    if exp.data.source == "mix":  # stopgap until the mixture's plan (issue 41, MIX-PLAN) samples each source
-        raise ValueError("data=mix: the samples of each source are not shown yet")
     return _text(exp, folder, count)
 
 

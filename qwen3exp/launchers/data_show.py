@@ -18,7 +18,8 @@ from qwen3exp.config.precheck import precheck
 from qwen3exp.config.sections.data import ChatData
 from qwen3exp.data.chat.render import BadRecord
 from qwen3exp.data.marks import show_lines
-from qwen3exp.data.sample import Samples, first_samples
+from qwen3exp.data.mixture_sample import first_samples
+from qwen3exp.data.sample import Samples
 from qwen3exp.errors import EXIT_CONFIG_ERROR, ConfigError, Problem, printable
 from qwen3exp.launchers.points import HydraFiles, Point, check_job
 from qwen3exp.run.console import colour_allowed

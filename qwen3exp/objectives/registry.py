@@ -76,6 +76,8 @@ def problems(objective, data, training, exp=None) -> list[Problem]:
     sft; a batch holds whole pairs (two sequences each). With the whole experiment (`exp`), also
     what a preference objective does not support yet (`not_yet`)."""
     module, pairs = of(objective), data.source == "preference"
+    if data.source == "mix":  # a mixture: each source against the objective (`qwen3exp.data.mixture_checks`)
+        return []
     if exp is not None and exp.sweep.objective == "val_reward_accuracy" and not (pairs and exp.validation.enable):
         why = "is the reward accuracy on held-out pairs: it needs a preference objective and validation"
         fix = "objective=dpo|orpo|simpo with data=preference and validation.enable=true, or another objective"

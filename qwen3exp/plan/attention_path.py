@@ -28,6 +28,7 @@ from typing import Literal
 
 from qwen3exp.config.schema import Experiment
 from qwen3exp.config.sections.data import ChatData, PackedText
+from qwen3exp.config.sections.mixture import MixtureData
 from qwen3exp.errors import Problem
 from qwen3exp.platforms import PlatformFacts
 
@@ -64,7 +65,15 @@ def kernel_of(exp: Experiment, facts: PlatformFacts) -> str:
     that cross-document attention takes SDPA everywhere (its causal kernel needs no mask)."""
     if exp.model.attention != "auto":
         return exp.model.attention
-    return "sdpa" if isinstance(exp.data, PackedText) and exp.data.cross_document_attention else facts.attention
+    return "sdpa" if exp.data.causal_attention and cross_document(exp.data) else facts.attention
+
+
+def cross_document(data) -> list[str]:
+    """The keys that ask for cross-document attention (data=mix: a text source's)."""
+    if isinstance(data, MixtureData):
+        texts = {n: s for n, s in data.sources.items() if isinstance(s, PackedText) and s.weight > 0}
+        return [f"data.sources.{n}.cross_document_attention" for n, s in texts.items() if s.cross_document_attention]
+    return ["data.cross_document_attention"] if isinstance(data, PackedText) and data.cross_document_attention else []
 
 
 def resolve(exp: Experiment, facts: PlatformFacts) -> AttentionPath:
@@ -75,6 +84,11 @@ def resolve(exp: Experiment, facts: PlatformFacts) -> AttentionPath:
 def attention_path(exp: Experiment, kernel: str) -> AttentionPath:
     """The path of a run whose attention kernel (auto resolved) is `kernel`."""
     chat = isinstance(exp.data, ChatData)
+    if isinstance(exp.data, MixtureData):  # a mixture: causal when no source needs a document mask
+        why = "data=mix: " + (
+            "no source needs a document mask" if exp.data.causal_attention else "a source packs documents"
+        )
+        return AttentionPath(kernel, "causal" if exp.data.causal_attention else "block_causal", why)
     if exp.data.causal_attention:
         why = "one conversation per sequence: no document boundary" if chat else "data.cross_document_attention=true"
         return AttentionPath(kernel, "causal", why)
@@ -85,10 +99,10 @@ def attention_path(exp: Experiment, kernel: str) -> AttentionPath:
 def problems(exp: Experiment, kernel: str) -> list[Problem]:
     """Cross-document attention is the SDPA causal path; FlexAttention here builds torchtitan's
     document BlockMask (it has no causal-only variant for the native model)."""
-    if kernel == "flex" and isinstance(exp.data, PackedText) and exp.data.cross_document_attention:
+    if kernel == "flex" and (keys := cross_document(exp.data)):
         return [
             Problem(
-                "data.cross_document_attention",
+                keys[0],
                 True,
                 "cross-document attention is the SDPA causal path, and this run's attention is flex "
                 "(torchtitan's document BlockMask)",

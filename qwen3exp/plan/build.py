@@ -11,11 +11,9 @@ are active: their matches are computed on torchtitan's config tree, built once, 
 
 The Plan (`qwen3exp.plan.resolved`) is the one resolved object of a launch: besides what it shows,
 it holds the experiment, the checked model files, the node placement, the override claims and this
-node's torchrun command, and `qwen3exp.launchers.local.launch(plan, run_dir)` runs it without
-resolving anything again.
+node's torchrun command, and `qwen3exp.launchers.local.launch(plan, run_dir)` runs it as is.
 
-`python -m qwen3exp dry_run=true` prints the plan (`qwen3exp.plan.render`); every real run writes it
-to `plan.json` in its run directory (`Plan.as_json`).
+`python -m qwen3exp dry_run=true` prints the plan (`qwen3exp.plan.render`), a run writes plan.json.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ from typing import Any
 from qwen3exp.config.parallel_rules import context_parallel_problems
 from qwen3exp.config.schema import Experiment
 from qwen3exp.config.sections.data import ChatData
-from qwen3exp.data import figures as data_figures, files as data_files
+from qwen3exp.data import figures as data_figures, files as data_files, mixture_checks, mixture_figures
 from qwen3exp.data.chat import packing as chat_packing
 from qwen3exp.data.preference import files as preference_files
 from qwen3exp.data.text import hf_files as hf_data_files
@@ -144,13 +142,13 @@ def make_plan(
     `env`: the scheduler's environment for the node placement (default: this process's);
     `claims_of`: the kernel override matcher (see `ClaimsOf`), needed when kernels are active."""
     files, facts, mesh, batches, claims, where, exp, layout = _resolve_stages(exp, env, claims_of)
-    arch = files.arch
-    warnings = _sharing_warnings(facts, mesh)
+    arch, mix = files.arch, mixture_figures.figures(exp, files.folder, batches)  # mix: data=mix's (else None)
+    warnings = _sharing_warnings(facts, mesh) + mixture_figures.warnings(mix)
     total, active = arch.param_counts()
     trainable = memory.trainable_of(arch, exp.peft)
     params = Parameters(total, active, memory.params_per_rank(arch, mesh.degrees), arch.is_moe, trainable)
     mem, fit = memory_fit(exp, arch, mesh, facts, total, warnings)
-    problems = fit + _peft_problems(exp, arch.is_moe)
+    problems = fit + _peft_problems(exp, arch.is_moe) + mixture_checks.epoch_problems(exp, mix)
     problems += chat_packing.rank_problems(exp, mesh.dp_replicate * mesh.dp_shard, files.folder)
     verdict = checkpoint_verdict(exp, files, Path(run_dir))
     problems += _verdict_problems(exp, verdict)
@@ -187,7 +185,7 @@ def make_plan(
         warnings=warnings,
         layout=layout,
         step=run_step(exp, arch, shape, nproc_per_node=nproc, facts=facts),
-        data={} if exp.data.source == "mix" else data_figures.figures(exp, files.folder, batches).as_json(),
+        data=mix if mix is not None else data_figures.figures(exp, files.folder, batches).as_json(),
     )
 
 
@@ -248,6 +246,7 @@ def _resolve_stages(
         batches, ps = batch_problems(exp.training, mesh)
         problems += ps
         problems += data_files.split_problems(exp.data, exp.validation, mesh.dp_replicate * mesh.dp_shard)
+    problems += mixture_checks.problems(exp, folder, mesh.dp_replicate * mesh.dp_shard if mesh else None)
     claims: list[dict] = []
     if not problems and not unfit and arch is not None and mesh is not None and batches is not None:
         try:

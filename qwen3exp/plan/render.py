@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 import sys
 
-from qwen3exp.data import figures as data_figures, marks as sample_marks
+from qwen3exp.data import figures as data_figures, marks as sample_marks, mixture_lines
 from qwen3exp.data.chat import files as chat_files
 from qwen3exp.data.preference import files as preference_files
 from qwen3exp.data.text import hf_files as hf_data_files
@@ -37,7 +37,7 @@ def print_plans(points, out=None) -> int:
         table = plan.provenance
         print(render(plan, provenance_diff=first_table), file=out)
         # The first training sample, its trained tokens marked: once per data a sweep's points read.
-        seq_len = plan.exp.training.seq_len if plan.exp.data.source == "chat" else None  # chat: fitted to it
+        seq_len = plan.exp.training.seq_len if plan.exp.data.source in ("chat", "mix") else None  # chat: fitted to it
         data = (plan.exp.data.model_dump_json(), seq_len, str(plan.files.folder))
         if data not in sampled:
             sampled.add(data)
@@ -234,6 +234,7 @@ def _training_lines(plan) -> list[str]:
         *preference_files.plan_lines(plan.exp, plan.files.folder),
         *hf_data_files.plan_lines(plan.exp),
         *data_figures.plan_lines(plan),
+        *mixture_lines.plan_lines(plan),
         f"schedule:   {t.steps} steps, lr {t.lr:g}, warm-up {t.warmup} step(s) ({why}), {t.decay_type} decay",
         f"validation: {validation_line(plan.exp)}",
         *([f"samples:    {cost}"] if (cost := sample_prompts.cost_line(plan.exp)) else []),
