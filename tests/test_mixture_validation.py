@@ -45,7 +45,6 @@ from qwen3exp.config.schema import check_experiment
 
 SOURCES = {"corpus": {"source": "bundled", "weight": 0.7}, "chats": {"source": "chat", "weight": 0.3}}
 MIX_CONF = {
-    "data/mix.yaml": "defaults:\n  - /schema/data/mix@_here_\n  - _self_\n\nsource: mix\n",
     "experiment/mixv.yaml": (
         "# @package _global_\n"
         "defaults:\n  - override /model: native\n  - override /platform: auto\n  - override /data: mix\n\n"
@@ -68,7 +67,7 @@ MIX_CONF = {
         "    params:\n      data.sources.corpus.weight: interval(0.1, 0.9)\n"
     ),
 }
-"""A test-local conf/ (--config-dir): data=mix, a two-source experiment (the bundled corpus and the
+"""A test-local conf/ (--config-dir): a two-source experiment on the packaged data=mix (the bundled corpus and the
 bundled conversations) and an Optuna search over the corpus's raw weight (the chats' stays 0.3)."""
 
 
