@@ -29,6 +29,10 @@ from qwen3exp.data.preference.pairs import pair_of, render_pair
 from test_preference import PAIRS, SEQ_LEN, mean_formula
 
 KEY = "objective.reference"
+HELD_OUT = [  # validation.fraction=0.5 of 4 pairs holds out pairs 2 and 3: training reads PAIRS
+    {"prompt": "Name a colour.", "chosen": "Blue.", "rejected": "Seven."},
+    {"prompt": [{"role": "user", "content": "Count to two."}], "chosen": "One, two.", "rejected": "Green owl."},
+]
 
 
 @pytest.fixture(scope="module")
@@ -131,8 +135,8 @@ def train(tmp_path, name: str, policy, *overrides: str, ranks: int = 1):
 @pytest.mark.slow  # trains: 3 runs of 3 steps of the tiny model (one on 2 ranks), transformers in a fresh process
 def test_a_separate_reference_live_and_precomputed(tmp_path, models):
     policy, ref, _, _ = models
-    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PAIRS))
-    val = [f"validation.path={tmp_path / 'pairs.jsonl'}", "validation.freq=2", "validation.steps=1"]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PAIRS + HELD_OUT))
+    val = ["validation.fraction=0.5", "validation.freq=2", "validation.steps=2"]
     common = ["training.steps=3", f"objective.reference={ref}", *val]
     live, _ = train(tmp_path, "live", policy, *common)
     stored, out = train(tmp_path, "precomputed", policy, *common, "objective.reference_logps=precomputed")
@@ -146,7 +150,7 @@ def test_a_separate_reference_live_and_precomputed(tmp_path, models):
     loss, margin = mean_formula("dpo", [0], pol, reference)  # step 1: pair 0 (system + multi-turn prompt)
     diff = max(abs(step1["loss"] - loss), abs(step1["reward_margin"] - margin))
     print(f"separate reference, step 1: loss {step1['loss']:.6f} (formula {loss:.6f}), max abs diff {diff:.2e}")
-    assert abs(loss - math.log(2)) > 0.05 and diff < 1e-4, (step1, loss, margin)
+    assert abs(loss - math.log(2)) > 0.01 and diff < 1e-4, (step1, loss, margin)  # not the policy: 0.03 off ln 2
 
     table = torch.load(stored / "reference_logps" / "train.pt", weights_only=True)["logps"]
     want = torch.tensor([[reference[0][0], reference[1][0]], [reference[2][0], reference[3][0]]])
@@ -161,7 +165,7 @@ def test_a_separate_reference_live_and_precomputed(tmp_path, models):
     assert len(a) == 3 and len(va) >= 2 and steps < 1e-5 and vals < 1e-5
 
     # The starting weights as reference, precomputed, a full fine-tune on 2 ranks (FSDP): step 1 is ln 2.
-    own, _ = train(tmp_path, "own", policy, "training.steps=1", "validation.enable=false",
+    own, _ = train(tmp_path, "own", policy, "training.steps=1", *val,
                    "objective.reference_logps=precomputed", ranks=2)  # fmt: skip
     assert abs(read_metrics(own)[0]["loss"] - math.log(2)) < 1e-6
     assert torch.load(own / "reference_logps" / "train.pt", weights_only=True)["logps"].isfinite().all()

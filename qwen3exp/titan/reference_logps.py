@@ -76,7 +76,7 @@ def ensure(trainer) -> dict[str, torch.Tensor]:
     if all(path(run_dir, p).is_file() for p in parts):
         logger.info(f"Reference log-probs read from {where} (stored by this run before step 1)")
         return {p: torch.load(path(run_dir, p), weights_only=True)["logps"] for p in parts}
-    if trainer.step > 0 and not trainer.config.reference:
+    if trainer.step > 1 and not trainer.config.reference:  # the step being trained: 1 on a fresh run
         raise RuntimeError(
             f"resumed at step {trainer.step} without the stored reference log-probs "
             f"({path(run_dir, TRAIN)}): they are never recomputed from trained weights"
