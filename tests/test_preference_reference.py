@@ -9,7 +9,9 @@
   multi-turn prompt) equal the DPO formula on transformers' log-probs of the policy and of the
   reference; precomputed reference log-probs give the same step and validation losses as the live
   reference, the stored file exists and no reference model is built for training; the starting
-  weights of a full fine-tune as a precomputed reference, on 2 ranks (FSDP), give step 1 = ln 2.
+  weights of a full fine-tune as a precomputed reference, on 2 ranks (FSDP), give step 1 = ln 2, and
+  a run that fails at step 3 resumes from its dcp checkpoint reading the stored log-probs (the
+  resumed losses equal the uninterrupted run's bit for bit: checked by hand, not repeated here).
 """
 
 from __future__ import annotations
@@ -119,20 +121,20 @@ def logps_here(folders: list[str], rows, masks):
     return pair_logps_here(folders, rows, masks)
 
 
-def train(tmp_path, name: str, policy, *overrides: str, ranks: int = 1):
+def train(tmp_path, name: str, policy, *overrides: str, ranks: int = 1, env: dict | None = None):
     run = tmp_path / name
     r = run_cli(
         "experiment=tiny_dpo", "peft=none", "model.flavor=auto", f"model.hf_assets_path={policy}",
         "checkpoint.load=hf", f"data.path={tmp_path / 'pairs.jsonl'}", "platform=cpu", "platform.threads_per_rank=1",
         f"launcher.nproc_per_node={ranks}", f"training.seq_len={SEQ_LEN}", "training.local_batch_size=2",
         "training.warmup_steps=1", "training.lr=0.05", "metrics.tensorboard=false", *overrides,
-        f"hydra.run.dir={run}",
+        f"hydra.run.dir={run}", env=env,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return run, r.stdout
 
 
-@pytest.mark.slow  # trains: 3 runs of 3 steps of the tiny model (one on 2 ranks), transformers in a fresh process
+@pytest.mark.slow  # trains: 4 short runs of the tiny model (2 on 2 ranks), transformers in a fresh process
 def test_a_separate_reference_live_and_precomputed(tmp_path, models):
     policy, ref, _, _ = models
     (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PAIRS + HELD_OUT))
@@ -164,8 +166,16 @@ def test_a_separate_reference_live_and_precomputed(tmp_path, models):
     print(f"precomputed against live: max abs diff of 3 step losses {steps:.2e}, of {len(va)} val losses {vals:.2e}")
     assert len(a) == 3 and len(va) >= 2 and steps < 1e-5 and vals < 1e-5
 
-    # The starting weights as reference, precomputed, a full fine-tune on 2 ranks (FSDP): step 1 is ln 2.
-    own, _ = train(tmp_path, "own", policy, "training.steps=1", *val,
-                   "objective.reference_logps=precomputed", ranks=2)  # fmt: skip
-    assert abs(read_metrics(own)[0]["loss"] - math.log(2)) < 1e-6
-    assert torch.load(own / "reference_logps" / "train.pt", weights_only=True)["logps"].isfinite().all()
+    # The starting weights as reference, precomputed, a full fine-tune on 2 ranks (FSDP) with resumable
+    # checkpoints: step 1 is ln 2; a failure at step 3 and the relaunch resume from checkpoint step 2 and
+    # read the stored log-probs (the file is not written again: never recomputed from trained weights).
+    own = ["training.steps=3", *val, "objective.reference_logps=precomputed", "checkpoint.save=true"]
+    own += ["checkpoint.interval=1"]
+    with pytest.raises(AssertionError, match="QWEN3EXP_FAULT_RAISE_AT_STEP=3"):
+        train(tmp_path, "own", policy, *own, ranks=2, env={"QWEN3EXP_FAULT_RAISE_AT_STEP": "3"})
+    stored = (tmp_path / "own" / "reference_logps" / "train.pt").read_bytes()
+    run, out = train(tmp_path, "own", policy, *own, ranks=2)
+    assert "resuming from checkpoint step 2" in out and "reference log-probs read from" in out, out[-3000:]
+    assert "precomputing" not in out and (run / "reference_logps" / "train.pt").read_bytes() == stored
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [1, 2, 3] and abs(rows[0]["loss"] - math.log(2)) < 1e-6, rows
