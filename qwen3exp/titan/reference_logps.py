@@ -58,7 +58,7 @@ def of_rows(trainer, inputs, labels, extra, pairs: torch.Tensor | None, part: st
     if trainer.stored_logps is None:
         trainer.stored_logps = ensure(trainer)
     assert pairs is not None, "reference_logps=precomputed: the loader attaches each sample's pair index"
-    table = trainer.stored_logps[part].to(inputs.device)
+    table = trainer.stored_logps[part]
     rows = table[pairs.reshape(-1)[0::2].long()].reshape(-1)  # both rows of a pair carry its index
     assert not torch.isnan(rows).any(), "a pair without stored reference log-probs"
     return rows
@@ -67,15 +67,15 @@ def of_rows(trainer, inputs, labels, extra, pairs: torch.Tensor | None, part: st
 def ensure(trainer) -> dict[str, torch.Tensor]:
     """The stored reference log-probs of each part (train, and validation when the run validates),
     computed by the first pass unless this run stored them already."""
-    parts = {TRAIN: trainer.config.dataloader}
-    validator = getattr(trainer, "validator", None)
+    parts = {TRAIN: (trainer.config.dataloader, trainer.config.training.seq_len)}
+    validator = getattr(trainer, "validator", None)  # torchtitan sets it only when validation is on
     if trainer.config.validator.enable and validator is not None:
-        parts[VALIDATION] = validator.dl_config
+        parts[VALIDATION] = (validator.dl_config, validator.seq_len)
     run_dir = trainer.config.dump_folder
     where = Path(run_dir) / rundir.REFERENCE_LOGPS
     if all(path(run_dir, p).is_file() for p in parts):
         logger.info(f"Reference log-probs read from {where} (stored by this run before step 1)")
-        return {p: torch.load(path(run_dir, p), weights_only=True)["logps"] for p in parts}
+        return {p: torch.load(path(run_dir, p), weights_only=True)["logps"].to(trainer.device) for p in parts}
     if trainer.step > 1 and not trainer.config.reference:  # the step being trained: 1 on a fresh run
         raise RuntimeError(
             f"resumed at step {trainer.step} without the stored reference log-probs "
@@ -83,7 +83,7 @@ def ensure(trainer) -> dict[str, torch.Tensor]:
         )
     logger.info(f"Precomputing the reference log-probs of the {' and '.join(parts)} pairs (one forward per side)")
     fwd = _first_pass_forward(trainer)
-    out = {p: _pass(trainer, fwd, cfg) for p, cfg in parts.items()}
+    out = {p: _pass(trainer, fwd, cfg, seq_len) for p, (cfg, seq_len) in parts.items()}
     del fwd  # a separate reference model goes with it
     if not dist.is_initialized() or dist.get_rank() == 0:
         for p, logps in out.items():
@@ -116,13 +116,13 @@ def _batch_of(trainer) -> tuple[int, int]:
     return 0, 1
 
 
-def _pass(trainer, fwd: Forward, loader_config) -> torch.Tensor:
+def _pass(trainer, fwd: Forward, loader_config, seq_len: int) -> torch.Tensor:
     """[pairs, 2] summed log-probs of the part's pairs (NaN where a pair is dropped), over every rank."""
     cfg = dataclasses.replace(loader_config, infinite=False, indexed=True)
     n = len(part_of(cfg.path, cfg.part, cfg.fraction))
     rank, ranks = _batch_of(trainer)
-    t = trainer.config.training
-    loader = cfg.build(dp_world_size=ranks, dp_rank=rank, seq_len=t.seq_len, local_batch_size=t.local_batch_size)
+    batch = trainer.config.training.local_batch_size
+    loader = cfg.build(dp_world_size=ranks, dp_rank=rank, seq_len=seq_len, local_batch_size=batch)
     batches = list(loader)
     count = torch.tensor(len(batches), device=trainer.device)
     if dist.is_initialized() and ranks > 1:  # every rank runs as many forwards (FSDP gathers in each)
@@ -131,7 +131,7 @@ def _pass(trainer, fwd: Forward, loader_config) -> torch.Tensor:
     seen = torch.zeros(n, device=trainer.device)
     tokens_seen = trainer.ntokens_seen  # post_dataloading_process counts tokens: not this pass's
     for k in range(int(count)):
-        input_dict, labels = batches[min(k, len(batches) - 1)] if batches else _padding(t.seq_len)
+        input_dict, labels = batches[min(k, len(batches) - 1)] if batches else _padding(seq_len)
         input_dict = {key: v.to(trainer.device) for key, v in input_dict.items()}
         pairs = input_dict.pop("pair")[0::2].long()
         inputs, labels, extra = trainer.post_dataloading_process(input_dict, labels.to(trainer.device))
