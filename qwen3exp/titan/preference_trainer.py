@@ -8,7 +8,7 @@ the reference's log-probs of the same batch, so this subclass overrides `forward
 for an objective with a reference (DPO) it first runs the same model on the same inputs, without
 gradients, as the reference, then hands the rows' summed log-probs to the loss.
 
-The reference is the policy's starting weights, held without a second model:
+By default the reference is the policy's starting weights, held without a second model:
 - peft=lora: the base with the adapters switched off: every `lora_b` (zeros at the start, so the
   starting policy is the base) is zeroed for the reference pass and restored after it, exactly
   the base at every step and after a resume, at the cost of a copy of the adapters;
@@ -19,6 +19,10 @@ The reference is the policy's starting weights, held without a second model:
   any order, epoch and data-parallel layout; the price is one more copy of the weights per rank
   (the plan says which one is used). The copy is not checkpointed: a resumable run
   (checkpoint.save) with a full-fine-tune reference is refused before launch.
+Two other sources (`qwen3exp.titan.reference_logps`): objective.reference, a separate frozen model
+of its own architecture, sharded like the policy (`qwen3exp.titan.reference_load`); and
+objective.reference_logps=precomputed, log-probs a first pass stored in the run directory, read
+back by each sample's pair index (no reference held while training; a resume reuses them).
 CUDA graphs are off for these runs: the reference pass and the metrics are Python between the
 captured calls.
 """
