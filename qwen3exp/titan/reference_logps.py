@@ -12,13 +12,15 @@ filled by one rank) are written by rank 0 to `<run dir>/reference_logps/<part>.p
 tensor (chosen, rejected) indexed by the pair's position in the part (NaN: a pair max_len_policy
 drops). Training reads them back by the `pair` index the loader attaches to each sample, so no
 reference is held while training. A resumed run (a dcp checkpoint past step 0) reads the stored
-file: log-probs are never recomputed from trained weights (a missing file is an error then, unless
-the reference is a separate model, which is loaded again).
+file: log-probs are never recomputed from trained weights (a missing file, or one without a row per
+pair of the part as it is now, is an error then, unless the reference is a separate model, which
+is loaded again; before step 1 such a file is computed anew).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -73,18 +75,19 @@ def ensure(trainer) -> dict[str, torch.Tensor]:
         parts[VALIDATION] = (validator.dl_config, validator.seq_len)
     run_dir = trainer.config.dump_folder
     where = Path(run_dir) / rundir.REFERENCE_LOGPS
-    if all(path(run_dir, p).is_file() for p in parts):
+    if (stored := _read(run_dir, parts, trainer.device)) is not None:
         logger.info(f"Reference log-probs read from {where} (stored by this run before step 1)")
-        return {p: torch.load(path(run_dir, p), weights_only=True)["logps"].to(trainer.device) for p in parts}
+        return stored
     if trainer.step > 1 and not trainer.config.reference:  # the step being trained: 1 on a fresh run
         raise RuntimeError(
-            f"resumed at step {trainer.step} without the stored reference log-probs "
-            f"({path(run_dir, TRAIN)}): they are never recomputed from trained weights"
+            f"resumed at step {trainer.step} without the stored reference log-probs of every pair "
+            f"({where}): they are never recomputed from trained weights"
         )
     logger.info(f"Precomputing the reference log-probs of the {' and '.join(parts)} pairs (one forward per side)")
     fwd = _first_pass_forward(trainer)
     out = {p: _pass(trainer, fwd, cfg, seq_len) for p, (cfg, seq_len) in parts.items()}
     del fwd  # a separate reference model goes with it
+    gc.collect()
     if not dist.is_initialized() or dist.get_rank() == 0:
         for p, logps in out.items():
             _write(path(run_dir, p), logps)
@@ -94,6 +97,19 @@ def ensure(trainer) -> dict[str, torch.Tensor]:
     logger.info(
         f"Reference log-probs precomputed for {pairs} pairs into {where}; no reference model is held while training"
     )
+    return out
+
+
+def _read(run_dir: str, parts: dict, device) -> dict[str, torch.Tensor] | None:
+    """The stored tables, when every part has its file with one row per pair of the part as it is now."""
+    out = {}
+    for p, (cfg, _) in parts.items():
+        if not path(run_dir, p).is_file():
+            return None
+        table = torch.load(path(run_dir, p), weights_only=True)["logps"]
+        if table.shape[0] != len(part_of(cfg.path, cfg.part, cfg.fraction)):
+            return None
+        out[p] = table.to(device)
     return out
 
 
