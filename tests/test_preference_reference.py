@@ -24,7 +24,7 @@ import pytest
 import torch  # noqa: F401  # hf_fixtures.write_checkpoint imports it anyway; loaded once per module
 
 from conftest import compose, read_metrics, read_validation, run_cli
-from hf_fixtures import in_fresh_process, write_checkpoint
+from hf_fixtures import hub_cache, in_fresh_process, write_checkpoint
 from qwen3exp.config.schema import validate_experiment
 from qwen3exp.data.chat.render import load_tokenizer
 from qwen3exp.data.preference.pairs import pair_of, render_pair
@@ -66,7 +66,10 @@ def plan_problems(tmp_path, *overrides: str):
         return None, [(p.key, p.value, p.message, p.allowed, p.hint) for p in e.problems]
 
 
-def test_a_reference_that_is_missing_or_not_the_policys_is_refused_before_launch(tmp_path, models):
+def test_a_reference_that_is_missing_or_not_the_policys_is_refused_before_launch(tmp_path, models, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty_hub"))  # holds no Hub id
     policy, _, other, wider = models
     base = ["model.flavor=auto", f"model.hf_assets_path={policy}", "checkpoint.load=hf"]
     cases = [
@@ -96,7 +99,9 @@ def test_a_reference_that_is_missing_or_not_the_policys_is_refused_before_launch
     assert f"{KEY} = '{other}'" in r.stderr + r.stdout, r.stderr[-2000:]
 
 
-def test_the_plan_names_the_reference_and_the_precompute_pass(tmp_path, models):
+def test_the_plan_names_the_reference_and_the_precompute_pass(tmp_path, models, monkeypatch):
+    from huggingface_hub import constants
+
     policy, ref, _, _ = models
     base = ["model.flavor=auto", f"model.hf_assets_path={policy}", "checkpoint.load=hf"]
     plan, found = plan_problems(tmp_path, *base, f"objective.reference={ref}", "objective.reference_logps=precomputed")
@@ -110,8 +115,14 @@ def test_the_plan_names_the_reference_and_the_precompute_pass(tmp_path, models):
     plan, found = plan_problems(tmp_path, "objective.reference_logps=precomputed", "checkpoint.save=true")
     assert not found, found  # a full fine-tune's stored log-probs survive a resume: checkpoint.save is fine
     assert "reference = the starting weights, its log-probs precomputed before step 1" in render_plan(plan)
-    plan, _ = plan_problems(tmp_path, f"objective.reference={ref}", *base)
-    assert "its log-probs computed live in each step" in render_plan(plan) and "precompute:" not in render_plan(plan)
+    # A Hub id in the local Hugging Face cache, resolved as checkpoint.path is (offline).
+    hub_cache(tmp_path / "hub", "org/tiny-ref", ref, commit="c" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    plan, found = plan_problems(tmp_path, "objective.reference=org/tiny-ref", *base)
+    assert not found, found
+    text = render_plan(plan)
+    assert "reference = the separate model org/tiny-ref (frozen" in text and "computed live in each step" in text
+    assert "precompute:" not in text
 
 
 def logps_here(folders: list[str], rows, masks):
