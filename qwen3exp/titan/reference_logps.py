@@ -139,20 +139,23 @@ def _pass(trainer, fwd: Forward, loader_config, seq_len: int) -> torch.Tensor:
     rank, ranks = _batch_of(trainer)
     batch = trainer.config.training.local_batch_size
     loader = cfg.build(dp_world_size=ranks, dp_rank=rank, seq_len=seq_len, local_batch_size=batch)
-    batches = list(loader)
-    count = torch.tensor(len(batches), device=trainer.device)
-    if dist.is_initialized() and ranks > 1:  # every rank runs as many forwards (FSDP gathers in each)
-        dist.all_reduce(count, op=dist.ReduceOp.MAX)
     sums = torch.zeros(n, 2, device=trainer.device)
     seen = torch.zeros(n, device=trainer.device)
     tokens_seen = trainer.ntokens_seen  # post_dataloading_process counts tokens: not this pass's
-    for k in range(int(count)):
-        input_dict, labels = batches[min(k, len(batches) - 1)] if batches else _padding(seq_len)
+    batches, idle = iter(loader), _padding(seq_len)
+    while True:
+        got = next(batches, None)
+        more = torch.tensor(float(got is not None), device=trainer.device)
+        if dist.is_initialized() and ranks > 1:  # every rank runs as many forwards (FSDP gathers in each)
+            dist.all_reduce(more, op=dist.ReduceOp.MAX)
+        if not more:
+            break
+        input_dict, labels = got if got is not None else idle  # a rank without a batch left: padding
         input_dict = {key: v.to(trainer.device) for key, v in input_dict.items()}
         pairs = input_dict.pop("pair")[0::2].long()
         inputs, labels, extra = trainer.post_dataloading_process(input_dict, labels.to(trainer.device))
         logps = fwd(inputs, labels, extra).float()
-        if k < len(batches):
+        if got is not None:
             sums[pairs] = torch.stack([logps[0::2], logps[1::2]], dim=1)
             seen[pairs] = 1.0
     trainer.ntokens_seen = tokens_seen
