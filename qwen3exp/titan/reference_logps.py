@@ -61,9 +61,9 @@ def of_rows(trainer, inputs, labels, extra, pairs: torch.Tensor | None, part: st
         trainer.stored_logps = ensure(trainer)
     assert pairs is not None, "reference_logps=precomputed: the loader attaches each sample's pair index"
     table = trainer.stored_logps[part]
-    rows = table[pairs.reshape(-1)[0::2].long()].reshape(-1)  # both rows of a pair carry its index
-    assert not torch.isnan(rows).any(), "a pair without stored reference log-probs"
-    return rows
+    # Both rows of a pair carry its index. A pair the pass dropped (NaN) is one training drops too
+    # (the same fit_pair); no check here, which would wait for the device every micro-batch.
+    return table[pairs.reshape(-1)[0::2].long()].reshape(-1)
 
 
 def ensure(trainer) -> dict[str, torch.Tensor]:
