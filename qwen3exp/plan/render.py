@@ -19,6 +19,7 @@ from qwen3exp.plan import (
     attention_path,
     eval_tasks,
     memory,
+    reference_model,
     sample_prompts,
 )
 from qwen3exp.platforms import neuron_cache
@@ -232,6 +233,7 @@ def _training_lines(plan) -> list[str]:
         f"tokens:     {b.tokens_per_step:,} per step, {b.tokens_per_rank_per_step:,} per rank per step",
         *chat_files.plan_lines(plan.exp, plan.files.folder, b.global_batch_size),
         *preference_files.plan_lines(plan.exp, plan.files.folder),
+        *reference_model.precompute_line(plan),
         *hf_data_files.plan_lines(plan.exp),
         *data_figures.plan_lines(plan),
         *mixture_lines.plan_lines(plan),

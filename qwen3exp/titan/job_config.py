@@ -128,7 +128,7 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
     if isinstance(exp.data, (ChatData, PreferenceData)):  # qwen3exp's own loaders (pairs: and trainer, loss)
         from qwen3exp.titan import hf_preference, preference_trainer  # lazy: imports torchtitan
 
-        return preference_trainer.own_loaders(config, exp, str(hf_assets_path(exp)), hf_preference.trainer_of(exp))
+        return preference_trainer.own_loaders(config, exp, str(hf_assets_path(exp)), hf_preference.trainer_of(exp), facts)
     return config
 
 

@@ -19,6 +19,7 @@ from qwen3exp.data.preference import source
 from qwen3exp.data.preference.pairs import fit_pair, pair_of, render_pair
 from qwen3exp.errors import Problem
 from qwen3exp.objectives import registry
+from qwen3exp.plan import reference_model
 
 _ALLOWED = (
     'JSON lines, each {"prompt": "..." or [messages], "chosen": "..." or [one assistant message], "rejected": '
@@ -146,7 +147,7 @@ def plan_lines(exp, tokenizer_folder: Path) -> list[str]:
     s = stats(d, tokenizer_folder, exp.training.seq_len)
     total = f"{s.total:,}" if s.total is not None else "?"
     of = f"the first {s.checked:,} of {total}" if s.total != s.checked else f"{s.checked:,}"
-    ref = "no reference" if not registry.of(exp.objective).REFERENCE else _reference(exp)
+    ref = "no reference" if not registry.of(exp.objective).REFERENCE else reference_model.mode(exp)
     kept = max(1, s.checked - s.dropped)
     return [
         *_source_lines(d),
@@ -165,9 +166,3 @@ def _source_lines(d: PreferenceData) -> list[str]:
     other = source.other_columns(src)
     unread = f"; not read: {', '.join(other)}" if other else ""
     return [f"data:       {source.describe(d)}; split {d.split}; columns {', '.join(source.COLUMNS)}{unread}"]
-
-
-def _reference(exp) -> str:
-    if exp.peft.kind == "lora":
-        return "reference = the base with the adapters switched off (no second model)"
-    return "reference = a frozen copy of the starting weights, sharded like them (one more copy of the weights)"
