@@ -187,7 +187,7 @@ def test_a_mixture_of_pair_sets_is_validated_as_each_set_alone(monkeypatch):
     def validated(cls, **config) -> dict:
         logged: list = []
         v = _validator(cls, cls.Config(enable=True, steps=2, **config), loss_fn, logged)
-        v.reference = lambda inputs, labels, extra: row_logps(reference(inputs), labels)[0]
+        v.reference = lambda inputs, labels, extra, *_: row_logps(reference(inputs), labels)[0]
         v.validate([model], step=2)
         return logged[0]
 

@@ -1,9 +1,9 @@
 """The conversion: a validated Experiment (+ resolved platform) -> torchtitan's `Trainer.Config`.
 
 One pure, deterministic function, run in every rank (the qwen3 `Trainer.Config` holds closures and
-cannot be pickled), and in the launcher only where the plan needs the config tree (kernel overrides:
-their matches are computed on it, once per plan). torchtitan is imported inside the function only.
-Its one side effect, registering the local dataset in torchtitan's dataset table, is idempotent.
+cannot be pickled), and in the launcher only where the plan needs the config tree (kernel overrides: their
+matches are computed on it, once per plan). torchtitan is imported inside the function only. Its one side
+effect, registering the local dataset in torchtitan's dataset table, is idempotent.
 
 torchtitan's own checks (`Trainer.Config.__post_init__`) run wherever the config is built: `build_checked`
 turns what they raise into a ConfigError naming torchtitan. A rank, before any training step, records the
@@ -126,9 +126,9 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
         override=OverrideConfig(imports=overrides.import_entries(exp.kernels)),
     )
     if isinstance(exp.data, (ChatData, PreferenceData)):  # qwen3exp's own loaders (pairs: and trainer, loss)
-        from qwen3exp.titan import hf_preference, preference_trainer  # lazy: imports torchtitan
+        from qwen3exp.titan import hf_preference as hfp, preference_trainer as pt  # lazy: imports torchtitan
 
-        return preference_trainer.own_loaders(config, exp, str(hf_assets_path(exp)), hf_preference.trainer_of(exp), facts)
+        return pt.own_loaders(config, exp, str(hf_assets_path(exp)), hfp.trainer_of(exp), facts)
     return config
 
 
