@@ -77,7 +77,9 @@ def test_a_separate_reference_and_precomputed_log_probs_are_planned_from_their_c
     fit = memory_fit(separate, arch, plan.mesh, plan.platform, arch.param_counts()[0], [])[0]
     assert fit.reference_mode == "separate"
     assert fit.reference == memory.params_per_rank(pairs.reference_arch, g) * 4 > plan.memory.reference
-    pre = exp.model_copy(update={"objective": DpoObjective.model_construct(reference=None, reference_logps="precomputed")})
+    pre = exp.model_copy(
+        update={"objective": DpoObjective.model_construct(reference=None, reference_logps="precomputed")}
+    )
     pairs = memory_pref.of(pre)
     assert pairs is not None and pairs.reference == "precomputed"
     fit = memory_fit(pre, arch, plan.mesh, plan.platform, arch.param_counts()[0], [])[0]

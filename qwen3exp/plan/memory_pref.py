@@ -9,8 +9,9 @@ what `qwen3exp.titan.preference_trainer` holds beyond an SFT step of the same ba
   - `separate` (objective.reference: a model folder): its own parameters (its config.json), frozen,
     sharded like the policy's (training.dtype);
   - `precomputed` (objective.reference_logps=precomputed): nothing during training; the first pass
-    that stores the reference's log-probs has its own peak (`precompute_peak`), which is the run's
-    when it is higher;
+    that stores the reference's log-probs (at step 1, before any optimizer state: the policy's
+    weights, a separate reference's if one is named, and the reference's forward) has its own peak
+    (`Memory.precompute_peak`), which is the run's when it is higher;
   - `none` (orpo, simpo): no reference.
 - The loss is not torchtitan's chunked one: the policy's full [batch, seq_len, vocab] logits and
   torch's float32 log-softmax of them (`compute_logprobs`: cross_entropy, reduction none) live at
@@ -167,8 +168,10 @@ def with_pairs(
     ]
     if pairs.reference in ("copy", "adapters", "separate"):  # no gradients are held at the forward
         phases.append(reference_phase(ref_arch, tp, fsdp, tokens, state - mem.gradients + ref))
-    # precomputed: the first pass, before training (the reference's weights only).
-    pre = reference_phase(ref_arch, tp, fsdp, tokens, ref_params) if pairs.reference == "precomputed" else 0
+    # precomputed: the first pass, at step 1 before any optimizer state: the policy's weights, and a
+    # separate reference's built for the pass (else the policy's own starting weights are the reference).
+    held = mem.parameters + (ref_params if pairs.reference_arch is not None else 0)
+    pre = reference_phase(ref_arch, tp, fsdp, tokens, held) if pairs.reference == "precomputed" else 0
     top = max(*phases, pre)
     retained = int(top * retained_fraction)
     return dataclasses.replace(
