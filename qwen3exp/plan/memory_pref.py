@@ -21,13 +21,14 @@ what `qwen3exp.titan.preference_trainer` holds beyond an SFT step of the same ba
 - Two sequences per pair are already in training.local_batch_size (the tokens of a micro-batch).
 
 Where the peak sits, measured (VmRSS and VmHWM of each rank read before and after the reference's
-forward, the loss, the policy's backward and the optimizer step; 0.6B-2L, 2 ranks, one pair of
-256-token sides per rank, 2026-12-06): the policy's backward through the loss (full fine-tune 5.84
-GiB per rank; the reference's no-grad forward before it peaked 1.3 GiB lower, the optimizer step
-lower still). The reference's forward adds 2.4 GiB over the step's start on that shape (the
-all-gathered embedding-and-head unit, its logits and their log-softmax), the same with LoRA and with
-the copy; it is counted as its own phase (`reference_phase`) and is the peak only where the
-policy's activations are small next to it.
+forward, the loss, the policy's backward and the optimizer step; 0.6B-2L, 2 ranks, 2026-12-06):
+a full fine-tune peaks in the policy's backward (5.84 GiB per rank with one pair of 256-token sides;
+the reference's no-grad forward before it 1.3 GiB lower, the optimizer step lower still), at its
+end where the head's gradient is reduced, not in the log-softmax's backward (`loss_peak`). With
+LoRA (no head gradient) the reference's forward was the peak with one pair per rank (2.4 GiB over
+the step's start: the all-gathered embedding-and-head unit, its logits and their log-softmax;
+`reference_phase`) and the log-softmax's backward with two. Each phase is counted; the largest is
+the step's peak. The fit: `FITTED_ON`.
 """
 
 from __future__ import annotations
@@ -45,25 +46,33 @@ from qwen3exp.plan import memory, memory_peak, model_ref
 
 MODES = ("copy", "adapters", "separate", "precomputed", "none")
 
-PAIR_LOGIT_COPIES = 4
-"""Float32 [tokens, vocab / tp] tensors alive in the policy's backward through the loss: the logits,
-their log-softmax (saved for the backward), its gradient and the logits' gradient."""
-PAIR_HEAD_COPIES = {True: 3.25, False: 1.5}
-"""Float32 head-weight sizes (`memory_peak.head_bytes`) a rank holds at the policy backward's peak
-beyond its sharded state, the reference, its layers' activations and the gathered head
-(`memory_peak.GATHERED_HEAD`), by whether the head trains (full fine-tune: the head's gradient with
-the embedding's added to it, FSDP's reduce-scatter buffers, the matmul's copy of the weight; peft=lora:
-no gradient). True fitted on tests/bench/bench_memory.py's `0.6B-2L dpo dp2 b2 s256` (its peak);
-False on the backward of `0.6B-2L dpo lora dp2 b2 s256` as its markers measured it (3.47 GiB per
-rank at step 1, below that row's peak, the reference's forward), 2026-12-06. The other dpo rows of
-the bench are out of sample."""
+PAIR_LOGIT_COPIES = 3
+"""Float32 [tokens, vocab / tp] tensors alive in the policy's backward through the log-softmax: its
+output (saved for the backward), its gradient and the logits' gradient (the logits themselves are
+dropped before the backward: torchtitan's `del pred`)."""
+PAIR_HEAD_COPIES = 1.9
+"""Float32 head-weight sizes (`memory_peak.head_bytes`) a rank holds beside those logits, beyond its
+sharded state, the reference, its layers' activations and the gathered head
+(`memory_peak.GATHERED_HEAD`): the unit's copies the head's matmul and gloo's all-gather leave."""
+PAIR_HEAD_GRADIENT_COPIES = 5.3
+"""Float32 head sizes at the backward's end where the head trains (a full fine-tune: the head's
+gradient with the embedding's added to it, FSDP's reduce-scatter input and output, beside the
+gathered head); the logits are gone by then. This end, not the log-softmax, is a full fine-tune's
+peak: doubling the tokens (0.6B-2L, one pair to two per rank) raised the measured peak by 0.23 GiB,
+less than one more [tokens, vocab] tensor (0.29 GiB)."""
 REFERENCE_HEAD_COPIES = 3.1
 """Float32 head sizes the reference's no-grad forward holds at its end beyond the rank's parameters,
 optimizer states, the reference and the gathered head (`memory_peak.GATHERED_HEAD`): gloo's
 all-gather output the unit is copied out of, the copy-in of the shard, the matmul's copy of the
-weight and what the allocator keeps of the step before. Fitted on the peak of `0.6B-2L dpo lora dp2
-b2 s256` (the reference's forward, by its markers: 2.38 GiB over the step's start); the full
-fine-tune's reference forward measured 2.44 GiB over its step's start, predicted within 0.1 GiB."""
+weight and what the allocator keeps of the step before (markers: 2.38 GiB over the step's start with
+LoRA, 2.44 with the copy, on 0.6B-2L with one pair per rank)."""
+FITTED_ON = ("0.6B-2L dpo dp2 b2 s256", "0.6B-2L dpo dp2 b4 s256", "0.6B-2L dpo lora dp2 b2 s256",
+             "0.6B-2L dpo lora dp2 b4 s256")  # fmt: skip
+"""tests/bench/bench_memory.py's rows the constants above were fitted on (measured 2026-12-06, VmHWM
+of forked CPU ranks, with the markers for where each peak sits): LoRA's one-pair row peaks at the
+reference's forward (`REFERENCE_HEAD_COPIES`), its two-pair row at the log-softmax's backward
+(`PAIR_HEAD_COPIES`, `PAIR_LOGIT_COPIES`), the full fine-tune's rows at the backward's end
+(`PAIR_HEAD_GRADIENT_COPIES`). The other dpo rows are out of sample."""
 REFERENCE_LOGIT_COPIES = 2
 """Float32 [tokens, vocab / tp] tensors of the reference's forward: its logits and their log-softmax."""
 
@@ -100,10 +109,13 @@ def _gathered(fsdp: int) -> float:
 
 
 def loss_peak(arch: Arch, tp: int, fsdp: int, head_trains: bool, tokens: int, held: int) -> int:
-    """The policy's backward through the unchunked loss: `held` (state, reference, the layers'
-    activations) plus `PAIR_HEAD_COPIES` head sizes and `PAIR_LOGIT_COPIES` logits."""
-    copies = PAIR_HEAD_COPIES[head_trains] + _gathered(fsdp)
-    return held + int(copies * memory_peak.head_bytes(arch, tp)) + PAIR_LOGIT_COPIES * logits_bytes(arch, tp, tokens)
+    """The policy's backward: `held` (state, reference, the layers' activations) plus the larger of
+    the log-softmax's backward (`PAIR_HEAD_COPIES` heads, `PAIR_LOGIT_COPIES` logits) and, where the
+    head trains, the backward's end (`PAIR_HEAD_GRADIENT_COPIES` heads)."""
+    head = memory_peak.head_bytes(arch, tp)
+    softmax = int((PAIR_HEAD_COPIES + _gathered(fsdp)) * head) + PAIR_LOGIT_COPIES * logits_bytes(arch, tp, tokens)
+    end = int((PAIR_HEAD_GRADIENT_COPIES + _gathered(fsdp)) * head) if head_trains else 0
+    return held + max(softmax, end)
 
 
 def reference_phase(ref_arch: Arch, tp: int, fsdp: int, tokens: int, held: int) -> int:

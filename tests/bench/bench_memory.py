@@ -123,8 +123,9 @@ RUNTIME, NATIVE_TIED, HF_TIED, UNTIED = (
     "HEAD_COPIES[hf, tied]",
     "HEAD_COPIES[native, untied]",
 )
-PAIR_FULL = "memory_pref.PAIR_HEAD_COPIES[True]"
-PAIR_LORA = "memory_pref.REFERENCE_HEAD_COPIES, PAIR_HEAD_COPIES[False]"
+PAIR_FULL = "memory_pref.PAIR_HEAD_GRADIENT_COPIES"
+PAIR_LORA = "memory_pref.REFERENCE_HEAD_COPIES"
+PAIR_LOGITS = "memory_pref.PAIR_HEAD_COPIES, PAIR_LOGIT_COPIES"
 OUT = ""
 """`fitted` of an out-of-sample row: no constant of the estimate was fitted on it."""
 
@@ -164,8 +165,9 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("0.6B-2L hf moe 1r s256 ac=full", [*_big("0p6b_moe", HF), *ONE, "training.seq_len=256", _ac("full")], OUT),
     ("0.6B-2L dpo dp2 b2 s256", [*_big("0p6b", NATIVE, 2), *DPO, *DP2, "training.seq_len=256"], PAIR_FULL),
     ("0.6B-2L dpo lora dp2 b2 s256", [*_big("0p6b", NATIVE, 2), *DPO, *LORA, *DP2, "training.seq_len=256"], PAIR_LORA),
-    ("0.6B-2L dpo dp2 b4 s256", [*_big("0p6b", NATIVE, 4), *DPO, *DP2, "training.seq_len=256"], OUT),
-    ("0.6B-2L dpo lora dp2 b4 s256", [*_big("0p6b", NATIVE, 4), *DPO, *LORA, *DP2, "training.seq_len=256"], OUT),
+    ("0.6B-2L dpo dp2 b4 s256", [*_big("0p6b", NATIVE, 4), *DPO, *DP2, "training.seq_len=256"], PAIR_FULL),
+    ("0.6B-2L dpo lora dp2 b4 s256", [*_big("0p6b", NATIVE, 4), *DPO, *LORA, *DP2, "training.seq_len=256"],
+     PAIR_LOGITS),
     ("0.6B-2L dpo 1r b2 s256", [*_big("0p6b", NATIVE, 2), *DPO, *ONE, "training.seq_len=256"], OUT),
 ]  # fmt: skip
 QUICK = ("tiny tp2 s256", "tiny dp2 s256 ac=full", "tiny hf tp2 s256")
