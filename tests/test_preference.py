@@ -248,13 +248,12 @@ def test_data_show_marks_each_side_of_a_pair():
     ]
 
 
-def test_gamma_is_simpo_only_and_a_separate_reference_is_refused():
+def test_gamma_is_simpo_only():  # objective.reference: tests/test_preference_reference.py
     from qwen3exp.errors import ConfigError
 
     assert validate_experiment(compose("objective=simpo", "objective.gamma=1")).objective.gamma == 1.0
     for overrides, key in [
         (["objective=dpo", "objective.gamma=1"], "objective.gamma"),  # the command line (Hydra's struct mode)
-        (["objective=dpo", "objective.reference=Qwen/Qwen3-0.6B"], "objective.reference"),
     ]:
         with pytest.raises(ConfigError) as e:
             validate_experiment(compose(*overrides))

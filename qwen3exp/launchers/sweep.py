@@ -202,7 +202,7 @@ def claim(run_dir: Path, exp) -> bool:
 # Left in place: Hydra's own files for this job (just rewritten, the job log is open), earlier
 # attempts, the checkpoint folder (torchtitan continues from its latest step), the exports so far,
 # and submitit's folder (launcher=slurm, one run: the running job writes its log and result there).
-_KEEP = {rundir.HYDRA, rundir.ATTEMPTS, rundir.CHECKPOINT, rundir.EXPORT, ".submitit"}
+_KEEP = {rundir.HYDRA, rundir.ATTEMPTS, rundir.CHECKPOINT, rundir.EXPORT, rundir.REFERENCE_LOGPS, ".submitit"}
 
 
 def set_aside(run_dir: Path) -> Path:

@@ -125,7 +125,14 @@ def not_yet(exp) -> list[Problem]:
         if getattr(exp.parallelism, key) != 1:
             value = getattr(exp.parallelism, key)
             out.append(Problem(f"parallelism.{key}", value, f"objective={kind}: {later}", "1 (FSDP only)"))
-    if of(exp.objective).REFERENCE and exp.peft.kind != "lora" and exp.checkpoint.save:
+    if of(exp.objective).REFERENCE and exp.peft.kind != "lora" and exp.checkpoint.save and _live_copy(exp.objective):
         why = "a full fine-tune's reference (a frozen copy of the starting weights) is not checkpointed yet"
-        out.append(Problem("checkpoint.save", True, f"objective={kind}: {why}", "false, or peft=lora"))
+        fix = "false, peft=lora, objective.reference_logps=precomputed or a separate objective.reference"
+        out.append(Problem("checkpoint.save", True, f"objective={kind}: {why}", fix))
     return out
+
+
+def _live_copy(objective) -> bool:
+    """The reference is a frozen copy of the starting weights held in the ranks (not a separate
+    model, which a resume loads again, nor precomputed log-probs, which the run directory keeps)."""
+    return isinstance(objective, dpo.SECTION) and objective.reference is None and objective.reference_logps == "live"

@@ -40,6 +40,7 @@ from qwen3exp.plan import (
     memory,
     model_files,
     placement,
+    reference_model,
     sample_prompts,
     tracking,
 )
@@ -235,7 +236,7 @@ def _resolve_stages(
     problems += hf_data_files.hf_problems(exp.data, exp.training, exp.validation)
     folder, t = (files.folder if files else None), exp.training
     problems += preference_files.record_problems(exp.data, exp.validation, folder, t.seq_len, exp.objective, t, exp)
-    problems += data_figures.eos_problems(exp.data, folder)
+    problems += data_figures.eos_problems(exp.data, folder) + reference_model.problems(exp, folder, arch)
     problems += sample_prompts.problems(exp, folder)
     problems += eval_tasks.problems(exp)  # eval=lm_eval: lm-eval, the export, each task and its data
     problems += tracking.check(exp)

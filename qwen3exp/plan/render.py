@@ -20,6 +20,7 @@ from qwen3exp.plan import (
     eval_tasks,
     memory,
     memory_pref,
+    reference_model,
     sample_prompts,
 )
 from qwen3exp.platforms import neuron_cache
@@ -235,6 +236,7 @@ def _training_lines(plan) -> list[str]:
         f"tokens:     {b.tokens_per_step:,} per step, {b.tokens_per_rank_per_step:,} per rank per step",
         *chat_files.plan_lines(plan.exp, plan.files.folder, b.global_batch_size),
         *preference_files.plan_lines(plan.exp, plan.files.folder),
+        *reference_model.precompute_line(plan),
         *hf_data_files.plan_lines(plan.exp),
         *data_figures.plan_lines(plan),
         f"schedule:   {t.steps} steps, lr {t.lr:g}, warm-up {t.warmup} step(s) ({why}), {t.decay_type} decay",

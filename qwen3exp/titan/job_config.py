@@ -128,7 +128,7 @@ def to_torchtitan(exp: Experiment, facts: PlatformFacts, run_dir: Path):
     if isinstance(exp.data, (ChatData, PreferenceData)):  # qwen3exp's own loaders (pairs: and trainer, loss)
         from qwen3exp.titan import preference_trainer  # lazy: imports torchtitan
 
-        return preference_trainer.own_loaders(config, exp, str(hf_assets_path(exp)))
+        return preference_trainer.own_loaders(config, exp, str(hf_assets_path(exp)), facts)
     return config
 
 

@@ -16,19 +16,23 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
 
 from qwen3exp.data.chat.render import load_tokenizer
 from qwen3exp.data.preference.pairs import fit_pair, pair_of, render_pair
+from qwen3exp.plan import reference_model
 from qwen3exp.titan.chat_dataset import ALL, ChatDataLoader, part_of, sample, split_of
 
 
 class PreferenceDataset(IterableDataset, Stateful):
     def __init__(self, config: PreferenceDataLoader.Config, *, seq_len: int, dp_rank: int, dp_world_size: int):
         self.config, self.seq_len = config, seq_len
-        self._lines = part_of(config.path, config.part, config.fraction)[dp_rank::dp_world_size]
+        lines = part_of(config.path, config.part, config.fraction)
+        self._lines = lines[dp_rank::dp_world_size]
+        self._index = list(range(len(lines)))[dp_rank::dp_world_size]  # each pair's index in the part
         self._tok = load_tokenizer(config.tokenizer_path)
         pad = self._tok.pad_token_id if self._tok.pad_token_id is not None else self._tok.eos_token_id
         self._pad = int(pad or 0)
@@ -51,7 +55,10 @@ class PreferenceDataset(IterableDataset, Stateful):
                     continue
                 self._pair_idx, yielded = i + 1, True  # a batch holds whole pairs: saved between two pairs
                 for side in sides:
-                    yield sample([side], self.seq_len, self._pad)
+                    inputs, labels = sample([side], self.seq_len, self._pad)
+                    if c.indexed:  # reference_logps=precomputed: the stored values are looked up by pair
+                        inputs["pair"] = torch.tensor(self._index[order[i]])
+                    yield inputs, labels
             if not c.infinite:
                 return
             if not yielded and self._pair_idx == 0:
@@ -82,14 +89,22 @@ class PreferenceDataLoader(ChatDataLoader):
         """train, validation (the two sides of the held-out split, as data=chat) or all."""
         fraction: float | None = None
         infinite: bool = True
+        indexed: bool = False
+        """Each sample also carries its pair's index in the part (`pair`, popped before the model)."""
 
     dataset = PreferenceDataset  # ChatDataLoader's __init__ over this dataset
 
 
 def loader_config(exp, tokenizer_path: str, *, validation: bool = False) -> PreferenceDataLoader.Config:
     """The dataloader of data=preference for training, or for the validator (the held-out pairs, or
-    all of validation.path)."""
+    all of validation.path); indexed when the reference's log-probs are precomputed."""
     path, part, fraction = split_of(exp, validation)
+    indexed = reference_model.precomputed(exp)
     return PreferenceDataLoader.Config(
-        path=path, max_len_policy=exp.data.max_len_policy, tokenizer_path=tokenizer_path, part=part, fraction=fraction
+        path=path,
+        max_len_policy=exp.data.max_len_policy,
+        tokenizer_path=tokenizer_path,
+        part=part,
+        fraction=fraction,
+        indexed=indexed,
     )

@@ -8,7 +8,7 @@ the reference's log-probs of the same batch, so this subclass overrides `forward
 for an objective with a reference (DPO) it first runs the same model on the same inputs, without
 gradients, as the reference, then hands the rows' summed log-probs to the loss.
 
-The reference is the policy's starting weights, held without a second model:
+By default the reference is the policy's starting weights, held without a second model:
 - peft=lora: the base with the adapters switched off: every `lora_b` (zeros at the start, so the
   starting policy is the base) is zeroed for the reference pass and restored after it, exactly
   the base at every step and after a resume, at the cost of a copy of the adapters;
@@ -19,6 +19,10 @@ The reference is the policy's starting weights, held without a second model:
   any order, epoch and data-parallel layout; the price is one more copy of the weights per rank
   (the plan says which one is used). The copy is not checkpointed: a resumable run
   (checkpoint.save) with a full-fine-tune reference is refused before launch.
+Two other sources (`qwen3exp.titan.reference_logps`): objective.reference, a separate frozen model
+of its own architecture, sharded like the policy (`qwen3exp.titan.reference_load`); and
+objective.reference_logps=precomputed, log-probs a first pass stored in the run directory, read
+back by each sample's pair index (no reference held while training; a resume reuses them).
 CUDA graphs are off for these runs: the reference pass and the metrics are Python between the
 captured calls.
 """
@@ -35,7 +39,9 @@ from torchtitan.trainer import Trainer
 
 from qwen3exp.config.sections.data import ChatData, PreferenceData
 from qwen3exp.objectives.registry import METRICS
-from qwen3exp.titan import chat_dataset, preference_dataset
+from qwen3exp.plan import reference_model as reference_plan
+from qwen3exp.plan.auto_layout import attention_path
+from qwen3exp.titan import chat_dataset, preference_dataset, reference_load, reference_logps
 from qwen3exp.titan.preference_loss import PreferenceLoss, row_logps
 from qwen3exp.titan.preference_validator import PreferenceValidator
 
@@ -45,6 +51,10 @@ class PreferenceTrainer(Trainer):
     class Config(Trainer.Config):
         lora: bool = False
         """peft=lora: the reference is the base with the adapters off; else a frozen copy."""
+        reference: str = ""
+        """objective.reference: the separate model to build (`reference_load.describe`); "": none."""
+        precomputed: bool = False
+        """objective.reference_logps=precomputed: stored log-probs (`qwen3exp.titan.reference_logps`)."""
 
     def __init__(self, config: Config):
         super().__init__(config)
@@ -52,6 +62,10 @@ class PreferenceTrainer(Trainer):
         ranks = dist.get_world_size() if dist.is_initialized() else 1
         self.loss_fn.steps_and_ranks = self.gradient_accumulation_steps * ranks
         self._copy: list[torch.Tensor] | None = None
+        self.stored_logps: dict[str, torch.Tensor] | None = None  # reference_logps=precomputed
+        self.reference_model = None  # objective.reference, live: the separate frozen model
+        if config.reference and not config.precomputed:
+            self.reference_model = reference_load.build(self, config.reference)
         self.metrics_processor.metric_source = self._metrics
         if isinstance(getattr(self, "validator", None), PreferenceValidator):
             self.validator.reference = self._reference_logps
@@ -99,8 +113,14 @@ class PreferenceTrainer(Trainer):
                 if isinstance(sub, FSDPModule):
                     sub.reshard()
 
-    def _reference_logps(self, inputs, labels, extra) -> torch.Tensor:
+    def _reference_logps(self, inputs, labels, extra, pairs=None, part=chat_dataset.TRAIN) -> torch.Tensor:
         """The reference's summed log-probs of each row's counted labels (training and validation)."""
+        if self.config.reference or self.config.precomputed:  # a separate model, or stored log-probs
+            return reference_logps.of_rows(self, inputs, labels, extra, pairs, part)
+        return self.adapters_off_logps(inputs, labels, extra)
+
+    def adapters_off_logps(self, inputs, labels, extra) -> torch.Tensor:
+        """The policy's starting weights (LoRA: adapters off; else the frozen copy) as the reference."""
         self._reshard()
         with self._as_reference(), self.train_context():
             pred = self.model_parts[0](inputs, **extra)
@@ -111,9 +131,10 @@ class PreferenceTrainer(Trainer):
 
     def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
         assert not self.parallel_dims.pp_enabled, "refused before launch: pipeline parallelism with a pair objective"
+        pairs = input_dict.pop("pair", None)  # reference_logps=precomputed: each sample's pair index
         inputs, labels, extra = self.post_dataloading_process(input_dict, labels)
         if self.loss_fn.module.REFERENCE:
-            self.loss_fn.reference = self._reference_logps(inputs, labels, extra)
+            self.loss_fn.reference = self._reference_logps(inputs, labels, extra, pairs)
         return self.fwd_bwd_fn(inputs, labels, global_valid_tokens, extra)
 
     def _metrics(self) -> dict[str, float]:
@@ -125,7 +146,7 @@ class PreferenceTrainer(Trainer):
         return {f"preference/{name}": float(stacked[i]) / max(pairs, 1.0) for i, name in enumerate(METRICS)}
 
 
-def own_loaders(config, exp, tokenizer_path: str):
+def own_loaders(config, exp, tokenizer_path: str, facts=None):
     """The Trainer.Config with qwen3exp's own loaders for conversations (data=chat) and pairs
     (data=preference: also this module's trainer and the objective's loss); other data unchanged."""
     if isinstance(exp.data, ChatData):
@@ -142,6 +163,16 @@ def own_loaders(config, exp, tokenizer_path: str):
     return PreferenceTrainer.Config(
         **kept,
         lora=exp.peft.kind == "lora",
+        **reference_config(exp, facts),
         loss=PreferenceLoss.Config(objective=exp.objective.model_dump_json()),
         dataloader=preference_dataset.loader_config(exp, tokenizer_path),
     )
+
+
+def reference_config(exp, facts) -> dict:
+    """The trainer's reference fields: a separate model (objective.reference) and stored log-probs."""
+    folder = reference_plan.folder(exp)
+    out: dict = {"precomputed": reference_plan.precomputed(exp)}
+    if folder is not None:
+        out["reference"] = reference_load.describe(str(folder), attention_path(exp, facts), facts.force_sum_reductions)
+    return out

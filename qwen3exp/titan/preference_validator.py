@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torchtitan.tools import utils
 
 from qwen3exp.objectives.registry import PairLogps
+from qwen3exp.titan.chat_dataset import VALIDATION
 from qwen3exp.titan.metrics import VAL_REWARD_ACCURACY
 from qwen3exp.titan.preference_loss import row_logps
 from qwen3exp.titan.validator import FinalStepValidator
@@ -48,12 +49,13 @@ class PreferenceValidator(FinalStepValidator):
         try:
             for _, (input_dict, labels) in zip(range(self.config.steps), loader, strict=False):
                 input_dict = {k: v.to(device) for k, v in input_dict.items()}
+                pairs = input_dict.pop("pair", None)  # reference_logps=precomputed: each sample's pair index
                 inputs, labels, extra = self.post_dataloading_process(input_dict, labels.to(device), model_parts)
                 with torch.no_grad():
                     ref = None
                     if loss_fn.module.REFERENCE:
                         assert self.reference is not None, "the trainer sets it"
-                        ref = self.reference(inputs, labels, extra)
+                        ref = self.reference(inputs, labels, extra, pairs, VALIDATION)
                     with self.validation_context():
                         sums, counts = row_logps(model(inputs, **extra), labels)
                     lp = PairLogps(sums[0::2], sums[1::2], counts[0::2], counts[1::2])

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from qwen3exp.config.sections.base import Strict, tagged
+from qwen3exp.config.sections.base import Strict
 
 Beta = Annotated[float, Field(gt=0)]
 
@@ -30,22 +30,16 @@ class DpoObjective(Strict):
     reference: str | None = None
     """The reference model. null: the policy's own starting weights (with peft=lora: the base with
     the adapters switched off, so no second model is held; a full fine-tune keeps a frozen copy of
-    the trainable weights, sharded like them). A separate model folder is not supported yet."""
+    the trainable weights, sharded like them). Else a model folder or a Hub id in the local Hugging
+    Face cache (as checkpoint.path): a Qwen3 model of its own architecture, loaded frozen and sharded
+    like the policy (model=native), with the policy's tokenizer and vocabulary."""
     reference_logps: Literal["live", "precomputed"] = "live"
     """live: the reference's log-probs of each batch are computed in the step that trains on it (the
-    reference is held during training). precomputed: a first pass over the training pairs computes
-    and stores them, and training reads them back, so no reference is held while training (for full
-    fine-tunes that would not fit otherwise). The plan says which is used and what it costs."""
-
-    @model_validator(mode="after")
-    def _own_reference(self) -> DpoObjective:
-        if self.reference_logps == "precomputed":
-            why = "precomputed reference log-probs are not implemented yet"
-            raise ValueError(tagged("reference_logps", self.reference_logps, why, "live"))
-        if self.reference is not None:
-            why = "a reference other than the policy's own starting weights is not implemented yet"
-            raise ValueError(tagged("reference", self.reference, why, "null (the policy's starting weights)"))
-        return self
+    reference is held during training). precomputed: before step 1 a first pass over the training
+    (and held-out) pairs computes them once and stores them in the run directory
+    (`reference_logps/`), and training reads them back by pair index, so no reference is held while
+    training (for full fine-tunes that would not fit otherwise; a resumed run reuses the stored
+    values). The plan says which is used and what it costs."""
 
 
 class OrpoObjective(Strict):

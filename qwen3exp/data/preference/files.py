@@ -17,6 +17,7 @@ from qwen3exp.data.chat.render import BadRecord, load_tokenizer, records
 from qwen3exp.data.preference.pairs import fit_pair, pair_of, render_pair
 from qwen3exp.errors import Problem
 from qwen3exp.objectives import registry
+from qwen3exp.plan import reference_model
 
 _ALLOWED = (
     'JSON lines, each {"prompt": "..." or [messages], "chosen": "..." or [one assistant message], "rejected": '
@@ -136,7 +137,7 @@ def plan_lines(exp, tokenizer_folder: Path) -> list[str]:
     s = stats(d, tokenizer_folder, exp.training.seq_len)
     total = f"{s.total:,}" if s.total is not None else "?"
     of = f"the first {s.checked:,} of {total}" if s.total != s.checked else f"{s.checked:,}"
-    ref = "no reference" if not registry.of(exp.objective).REFERENCE else _reference(exp)
+    ref = "no reference" if not registry.of(exp.objective).REFERENCE else reference_model.mode(exp)
     kept = max(1, s.checked - s.dropped)
     return [
         f"pairs:      {of} pairs: {s.tokens:,} tokens; counted (final answer + end of turn): chosen "
@@ -144,9 +145,3 @@ def plan_lines(exp, tokenizer_folder: Path) -> list[str]:
         f"            at seq_len {exp.training.seq_len}: {s.dropped} dropped, {s.truncated} truncated "
         f"(data.max_len_policy={d.max_len_policy}); objective={exp.objective.kind}, {ref}",
     ]
-
-
-def _reference(exp) -> str:
-    if exp.peft.kind == "lora":
-        return "reference = the base with the adapters switched off (no second model)"
-    return "reference = a frozen copy of the starting weights, sharded like them (one more copy of the weights)"
