@@ -205,6 +205,7 @@ RECORDED: dict[str, tuple[float, str]] = {
     "0.6B-2L hf moe 1r s256 ac=full": (6.399, MEASURED_AT),
     "0.6B-2L dpo 1r b2 s256": (7.253, PREF_AT),
     "0.6B-2L dpo precomputed dp2 b2 s256": (5.471, PREF_MERGED_AT),
+    "w768-2L dpo dp2 b2 s256": (4.638, PREF_MERGED_AT),
 }
 """Out-of-sample rows as measured here: name -> (measured GiB per rank, the commit that measured it).
 tests/test_memory_score.py plans each again with the code as it is now and scores it."""
