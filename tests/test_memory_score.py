@@ -6,7 +6,9 @@ reason it exists.
   the real vocabulary on one rank, both backends, every activation-checkpoint mode, another depth,
   another width, MoE), their measure recorded with the commit that measured it
   (`bench_memory.RECORDED`). Each is planned again here by the code as it is now, so a change to
-  the estimate that moves a row out of 0.85-1.15 fails this test (quick: planning only).
+  the estimate that moves a row out of 0.85-1.15 fails this test (quick: planning only). The
+  preference rows (objective=dpo, full fine-tune and LoRA) are among them; the two they were fitted
+  on are re-planned too (`RECORDED_FITTED`: a guard, not a score).
 - Trained: three tiny rows (the tensor-parallel layouts of both backends and full activation
   checkpointing; the CPU runtime was fitted on the FSDP rows), 2 steps on 2 CPU ranks each, measured
   here. A tiny rank's measure is mostly the process's runtime (Python, torch, torchtitan:
@@ -58,4 +60,18 @@ def test_predicted_memory_is_within_15_percent_of_the_measured(name, tmp_path):
     assert s["memory_ratio"] == pytest.approx(ratio)
     assert bench_memory.LOW <= ratio <= bench_memory.HIGH, (
         f"{name}: predicted {s['memory_predicted_gib']:.3f} GiB, measured {s['memory_measured_gib']:.3f} GiB"
+    )
+
+
+@pytest.mark.parametrize("name", sorted(bench_memory.RECORDED_FITTED))
+def test_a_recorded_in_sample_row_still_plans_within_15_percent(name, tmp_path):
+    """The rows a constant was fitted on (the preference rows' `memory_pref` constants): not a score
+    of the estimate, a guard that a later change of the plan does not move them out of the band."""
+    measured, commit = bench_memory.RECORDED_FITTED[name]
+    assert ROWS[name][1] != bench_memory.OUT
+    paths = bench_memory.folders(tmp_path)
+    overrides = bench_memory.overrides_of(ROWS[name][0], paths, steps=2, platform="cpu", ranks=2)
+    ratio = measured / bench_memory.predicted_gib(overrides, str(tmp_path / "plan"))
+    assert bench_memory.LOW <= ratio <= bench_memory.HIGH, (
+        f"{name}: measured {measured:.3f} GiB at {commit}: {ratio:.3f}"
     )

@@ -12,6 +12,10 @@ Compute, per rank and step:
   per rank        = flops per token x the tokens of its data-parallel replica per step / (tp x cp x pp)
   pipeline        = x (1 + (pp - 1) / local_batch_size) for pp > 1 (1F1B, one sequence per
                     micro-batch: torchtitan's defaults)
+  reference       = a preference objective's reference forward (DPO with a live reference: the
+                    copy, the base with the adapters off, or a separate model): + 1/3 of that
+                    model's 6N + attention per token; none per step with precomputed log-probs
+                    (`StepCost.reference_s`; the two sequences of a pair are in local_batch_size)
 Communication, bytes one rank sends per micro-batch (ring collectives: (g - 1) / g of the buffer per
 all-gather or reduce-scatter, twice that per all-reduce, which is (g - 1) times a rank's shard;
 S = the parameters rank 0 holds under the whole mesh (`memory.params_per_rank`: experts sharded by
@@ -46,7 +50,7 @@ from dataclasses import dataclass
 
 from qwen3exp.config.flavors import Arch
 from qwen3exp.config.schema import Experiment
-from qwen3exp.plan import memory
+from qwen3exp.plan import memory, memory_pref
 from qwen3exp.platforms import PlatformFacts
 
 RECOMPUTE = {"none": 0.0, "selective": 1 / 6, "full": 1 / 3}
@@ -76,6 +80,8 @@ class StepCost:
     step_s: float
     tokens_per_s: float
     """Tokens of the whole step (every data-parallel replica) per predicted second."""
+    reference_s: float = 0.0
+    """Of `compute_s`: a preference objective's reference forward (`reference_flops`)."""
 
 
 def run_step(exp: Experiment, arch: Arch, shape: Shape, *, nproc_per_node: int, facts: PlatformFacts) -> StepCost:
@@ -83,6 +89,7 @@ def run_step(exp: Experiment, arch: Arch, shape: Shape, *, nproc_per_node: int, 
     fraction of the parameters that train (LoRA: the adapters)."""
     trainable = memory.trainable_of(arch, exp.peft)
     total = max(1, arch.param_counts()[0])
+    pairs = memory_pref.of(exp)
     return step_cost(
         arch,
         shape,
@@ -91,7 +98,17 @@ def run_step(exp: Experiment, arch: Arch, shape: Shape, *, nproc_per_node: int, 
         trainable_fraction=1.0 if trainable is None else trainable / total,
         nproc_per_node=nproc_per_node,
         facts=facts,
+        reference_flops=reference_flops(pairs, arch, exp.training.seq_len) if pairs is not None else 0.0,
     )
+
+
+def reference_flops(pairs: memory_pref.Pairs, arch: Arch, seq_len: int) -> float:
+    """FLOPs per token of a preference step's reference forward: a third of the reference model's
+    training FLOPs (the policy's architecture unless a separate one); 0 with no reference, or with
+    precomputed log-probs (paid once, by the first pass)."""
+    if pairs.reference not in ("copy", "adapters", "separate"):
+        return 0.0
+    return flops_per_token(pairs.reference_arch or arch, seq_len, "none") / 3
 
 
 def flops_per_token(arch: Arch, seq_len: int, activation_checkpoint: str) -> float:
@@ -120,13 +137,17 @@ def step_cost(
     trainable_fraction: float,
     nproc_per_node: int,
     facts: PlatformFacts,
+    reference_flops: float = 0.0,
 ) -> StepCost:
-    """The predicted step of `shape` (see the module doc)."""
+    """The predicted step of `shape` (see the module doc); `reference_flops`: per token, a
+    preference objective's reference forward (`reference_flops`)."""
     g, m, a = shape.degrees, shape.local_batch_size, shape.grad_accum
     full = shape.activation_checkpoint == "full"
-    flops = flops_per_token(arch, seq_len, shape.activation_checkpoint) * m * a * seq_len / (g.tp * g.cp * g.pp)
+    per_token = flops_per_token(arch, seq_len, shape.activation_checkpoint) + reference_flops
+    flops = per_token * m * a * seq_len / (g.tp * g.cp * g.pp)
     bubble = 1 + (g.pp - 1) / m if g.pp > 1 else 1.0
     compute_s = flops * bubble / (facts.sustained_flops_per_rank or 1e12)
+    reference_s = compute_s * reference_flops / per_token
 
     def rate(span: int) -> float:
         inside = span <= nproc_per_node
@@ -152,4 +173,4 @@ def step_cost(
     exposed_s = a * (tp / rate(g.tp) + cp / rate(g.cp * g.tp) + ep / rate(fsdp_span) + pp / rate(world))
     step_s = max(compute_s, hidden_s) + exposed_s
     dp = g.dp_replicate * g.dp_shard
-    return StepCost(compute_s, hidden_s, exposed_s, step_s, m * a * dp * seq_len / step_s)
+    return StepCost(compute_s, hidden_s, exposed_s, step_s, m * a * dp * seq_len / step_s, reference_s)

@@ -49,11 +49,9 @@ the platform adds what its measure counts beside the model (`retained`, `runtime
 Python and torch, `qwen3exp.platforms.cpu.MEASURED_RUNTIME_BYTES`), so that `peak` is the figure each
 run's measured peak is compared with (`qwen3exp.run.scorecard`).
 
-A plan fits when total + transients is at most `USABLE_FRACTION` of the platform's memory per rank; the
-rest is left for the runtime, the allocator's fragmentation and communication buffers. On the CPU
-the ranks are processes sharing the host's memory: what each costs beyond this estimate (Python,
-torch, torchtitan, measured) is added and checked against the memory the host has available now by
-`qwen3exp.platforms.cpu.host_problems`.
+A plan fits when total + transients is at most `USABLE_FRACTION` of the platform's memory per rank (the
+rest: the runtime, fragmentation, communication buffers); on the CPU, `platforms.cpu.host_problems`
+also checks each rank's cost beyond it. A preference objective's memory: `qwen3exp.plan.memory_pref`.
 """
 
 from __future__ import annotations
@@ -231,6 +229,9 @@ class Memory:
     tokens_per_microbatch: int
     attention_mask: int = 0
     """The dense attention mask and the copies SDPA saves of it (in `total`; `attention_path.mask_bytes`)."""
+    reference: int = 0  # a preference objective's reference held per rank (in `total`; `memory_pref`)
+    reference_mode: str = ""  # which reference (`memory_pref.MODES`); "" without a preference objective
+    precompute_peak: int = 0  # reference_logps=precomputed: the first pass's peak (in `peak` if higher)
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -11,7 +11,7 @@ from qwen3exp.config.flavors import Arch
 from qwen3exp.config.schema import Experiment
 from qwen3exp.config.sections.model import NativeModel
 from qwen3exp.errors import ConfigError, Problem
-from qwen3exp.plan import attention_path, memory
+from qwen3exp.plan import attention_path, memory, memory_pref
 from qwen3exp.plan.mesh import Mesh
 from qwen3exp.platforms import PlatformFacts, cpu, cuda, host_problems, neuron
 
@@ -54,6 +54,8 @@ def memory_fit(
         dense_mask=attention_path.resolve(exp, facts).dense_mask,
         backend=exp.model.backend,
     )
+    pairs = memory_pref.of(exp)  # a preference objective: its reference and its unchunked loss
+    mem = memory_pref.with_pairs(mem, arch, mesh.degrees, pairs, retained) if pairs is not None else mem
     problems: list[Problem] = []
     if not mem.fits:
         problem = memory_problem(exp, mem)

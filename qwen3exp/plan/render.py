@@ -19,6 +19,7 @@ from qwen3exp.plan import (
     attention_path,
     eval_tasks,
     memory,
+    memory_pref,
     reference_model,
     sample_prompts,
 )
@@ -168,6 +169,7 @@ def _memory_lines(plan) -> list[str]:
             if mem.attention_mask
             else []
         ),
+        *memory_pref.plan_lines(mem, _human),
         f"  total          {_human(mem.total):>12}",
         f"  transients     {_human(mem.transients):>12}   a step's highest point beyond the total (loss chunks, "
         "head gradients, optimizer temporaries)",
@@ -185,7 +187,8 @@ def _step_lines(plan) -> list[str]:
         return []
     return [
         f"step time (cost model, qwen3exp/plan/layout_cost.py): {k.step_s:.3g}s predicted per step: compute "
-        f"{k.compute_s:.3g}s, hidden collectives {k.hidden_s:.3g}s, exposed {k.exposed_s:.3g}s (summary.json compares)"
+        f"{k.compute_s:.3g}s{f' (the reference forward {k.reference_s:.3g}s)' if k.reference_s else ''}, hidden "
+        f"collectives {k.hidden_s:.3g}s, exposed {k.exposed_s:.3g}s (summary.json compares)"
     ]
 
 

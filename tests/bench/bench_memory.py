@@ -17,7 +17,9 @@ Models: `tiny` / `tiny_moe` (vocab 2,048), and Qwen3-0.6B's shape with its real 
 cut to 2 layers, written as config.json folders (no weights: random initialisation) so that both
 backends read the same architecture: dense (the published 0.6B config), MoE (the same dims, 8
 experts of hidden 768, top-2, tied embeddings as the dense one), untied, 4 layers, and a narrower
-one (width 768, FFN 2048, 12/4 heads of 64). The one-rank rows (`ONE`, two sequences of 256) are
+one (width 768, FFN 2048, 12/4 heads of 64). The `dpo` rows train objective=dpo on the pairs
+qwen3exp ships (full fine-tune with its reference copy, and peft=lora), planned by
+`qwen3exp.plan.memory_pref`. The one-rank rows (`ONE`, two sequences of 256) are
 the shape issue 39 found the plan 1.23x high on (model=hf, every checkpointing mode). `tests/gpu/bench_memory_cuda.sh`
 runs the same rows on CUDA (`--platform cuda`).
 
@@ -100,6 +102,12 @@ TINY_HF = ["experiment=tiny_hf", "checkpoint=none"]
 DP2, TP2 = ["parallelism.dp_shard=2"], ["parallelism.dp_shard=1", "parallelism.tp=2"]
 ONE = ["launcher.nproc_per_node=1", "parallelism.dp_shard=1"]
 """One rank (FSDP over a mesh of 1), two sequences of 256: the shape issue 39 measured."""
+DPO, LORA = ["data=preference", "objective=dpo"], ["peft=lora"]
+"""Preference rows: the pairs qwen3exp ships (the longest side is under 192 tokens), a local batch of
+2 sequences = one pair; full fine-tune (the reference: a frozen copy) or peft=lora (adapters off)."""
+PRECOMPUTED = ["objective.reference_logps=precomputed", "data.path={pairs8}"]
+"""The first pass reads every training pair: 8 of them (`folders`), so that it takes seconds, not an
+hour, on this host (its peak does not depend on how many)."""
 
 
 def _big(folder: str, backend: list[str], batch: int = 1) -> list[str]:
@@ -118,6 +126,9 @@ RUNTIME, NATIVE_TIED, HF_TIED, UNTIED = (
     "HEAD_COPIES[hf, tied]",
     "HEAD_COPIES[native, untied]",
 )
+PAIR_FULL = "memory_pref.PAIR_HEAD_GRADIENT_COPIES"
+PAIR_LORA = "memory_pref.REFERENCE_HEAD_COPIES"
+PAIR_LOGITS = "memory_pref.PAIR_HEAD_COPIES, PAIR_LOGIT_COPIES"
 OUT = ""
 """`fitted` of an out-of-sample row: no constant of the estimate was fitted on it."""
 
@@ -155,6 +166,15 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("0.6B-28L 1r s32 bf16", [*_big("0p6b_28l", NATIVE), *ONE, "training.seq_len=32", "training.dtype=bfloat16",
                               "training.mixed_precision_param=float32"], OUT),
     ("0.6B-2L hf moe 1r s256 ac=full", [*_big("0p6b_moe", HF), *ONE, "training.seq_len=256", _ac("full")], OUT),
+    ("0.6B-2L dpo dp2 b2 s256", [*_big("0p6b", NATIVE, 2), *DPO, *DP2, "training.seq_len=256"], PAIR_FULL),
+    ("0.6B-2L dpo lora dp2 b2 s256", [*_big("0p6b", NATIVE, 2), *DPO, *LORA, *DP2, "training.seq_len=256"], PAIR_LORA),
+    ("0.6B-2L dpo dp2 b4 s256", [*_big("0p6b", NATIVE, 4), *DPO, *DP2, "training.seq_len=256"], PAIR_FULL),
+    ("0.6B-2L dpo lora dp2 b4 s256", [*_big("0p6b", NATIVE, 4), *DPO, *LORA, *DP2, "training.seq_len=256"],
+     PAIR_LOGITS),
+    ("0.6B-2L dpo 1r b2 s256", [*_big("0p6b", NATIVE, 2), *DPO, *ONE, "training.seq_len=256"], OUT),
+    ("0.6B-2L dpo precomputed dp2 b2 s256", [*_big("0p6b", NATIVE, 2), *DPO, *PRECOMPUTED, *DP2,
+                                             "training.seq_len=256"], OUT),
+    ("w768-2L dpo dp2 b2 s256", [*_big("w768", NATIVE, 2), *DPO, *DP2, "training.seq_len=256"], OUT),
 ]  # fmt: skip
 QUICK = ("tiny tp2 s256", "tiny dp2 s256 ac=full", "tiny hf tp2 s256")
 """The three rows tests/test_memory_score.py trains: out of sample (the runtime was fitted on the dp2 rows)."""
@@ -163,6 +183,10 @@ MEASURED_AT = "3d24df40c459ae51614468e5d1e62660ac2fef28"
 """The commit the RECORDED rows were measured at (2 steps, this 2-core host, torch 2.14.1, torchtitan
 0.3.0; the attention path's change committed next, 5e60706, was in the working tree: its mask is
 under 1 MiB at seq_len 256-512). The constants were fitted before these rows were run."""
+PREF_AT, PREF_MERGED_AT = "172bfbf61935810257418d0cc18cde18176897ea", "3834820a5e9aa413322c53d209ef0dcd37f5aa5f"
+"""The preference rows' commits (2 steps, this host, 2026-12-06, under the load of other jobs: memory is
+not skewed by it): the ranks' code as main's 7e47c58 at PREF_AT; with objective.reference_logps=precomputed
+merged in (branch dref) at PREF_MERGED_AT."""
 RECORDED: dict[str, tuple[float, str]] = {
     "0.6B-2L dp2 s2048 ac=full": (6.146, "11d71a54ad7e52ff05f48435b07d7d19826a3b67"),
     "0.6B-2L dp2 s2048 ac=selective": (6.161, "930c49e6fb4ae33073da30eccf7ad9a95c35862c"),
@@ -179,9 +203,21 @@ RECORDED: dict[str, tuple[float, str]] = {
     "w768-2L 1r b2 s256": (5.319, MEASURED_AT),
     "0.6B-2L moe 1r s256 ac=selective": (7.605, MEASURED_AT),
     "0.6B-2L hf moe 1r s256 ac=full": (6.399, MEASURED_AT),
+    "0.6B-2L dpo 1r b2 s256": (7.253, PREF_AT),
+    "0.6B-2L dpo precomputed dp2 b2 s256": (5.471, PREF_MERGED_AT),
+    "w768-2L dpo dp2 b2 s256": (4.638, PREF_MERGED_AT),
 }
 """Out-of-sample rows as measured here: name -> (measured GiB per rank, the commit that measured it).
 tests/test_memory_score.py plans each again with the code as it is now and scores it."""
+RECORDED_FITTED: dict[str, tuple[float, str]] = {
+    "0.6B-2L dpo dp2 b2 s256": (5.824, PREF_AT),
+    "0.6B-2L dpo lora dp2 b2 s256": (3.631, PREF_AT),
+    "0.6B-2L dpo dp2 b4 s256": (6.054, PREF_AT),
+    "0.6B-2L dpo lora dp2 b4 s256": (4.379, PREF_AT),
+}
+"""In-sample rows as measured here (the preference rows `memory_pref`'s constants were fitted on):
+tests/test_memory_score.py plans them again too, a guard against a change that moves them, not a score."""
+RECORDED_ALL = RECORDED | RECORDED_FITTED
 
 
 def slug(name: str) -> str:
@@ -200,6 +236,9 @@ def folders(workdir: Path) -> dict[str, str]:
         for f in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(TOKENIZER_DIR / f, folder / f)
         out[name] = str(folder)
+    pairs = (TOKENIZER_DIR.parent / "preference" / "train.jsonl").read_text().splitlines()[:8]
+    (workdir / "pairs8.jsonl").write_text("\n".join(pairs) + "\n")
+    out["pairs8"] = str(workdir / "pairs8.jsonl")
     return out
 
 
@@ -246,7 +285,7 @@ def replan(overrides: list[str], summary: dict) -> dict:
 
 def recorded(name: str) -> dict:
     """A RECORDED row as a summary: its measure, no prediction (`replan` adds one)."""
-    gib, commit = RECORDED[name]
+    gib, commit = RECORDED_ALL[name]
     return {"status": f"recorded at {commit[:10]}", "memory_measured_gib": gib}
 
 
@@ -262,7 +301,9 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, default=2)
     args = ap.parse_args()
     rows = [
-        r for r in ROWS if (not args.rows or r[0] in args.rows.split(",")) and (not args.recorded or r[0] in RECORDED)
+        r
+        for r in ROWS
+        if (not args.rows or r[0] in args.rows.split(",")) and (not args.recorded or r[0] in RECORDED_ALL)
     ]
     if args.list:
         print(
