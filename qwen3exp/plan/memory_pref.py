@@ -7,8 +7,8 @@ what `qwen3exp.titan.preference_trainer` holds beyond an SFT step of the same ba
   - `adapters` (peft=lora, reference null): the base with the adapters zeroed: no second model
     (the adapters' B matrices are saved for the reference pass only: a few MiB, left out);
   - `separate` (objective.reference: a model folder): its own parameters (its config.json), frozen,
-    sharded like the policy's (training.dtype), resharded after its forward (measured 1.015 so; the
-    ranks as first merged keep its units gathered: 1.21, docs/plan.md);
+    sharded like the policy's (training.dtype), resharded after its forward (measured 1.015; 1.21
+    while its units stayed gathered, docs/plan.md);
   - `precomputed` (objective.reference_logps=precomputed): nothing during training; the first pass
     that stores the reference's log-probs (at step 1, before any optimizer state: the policy's
     weights, a separate reference's if one is named, and the reference's forward) has its own peak

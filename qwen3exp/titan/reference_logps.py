@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 from torchtitan.tools.logging import logger
 
 from qwen3exp.run import rundir
@@ -48,6 +49,9 @@ def forward(trainer, model: torch.nn.Module, inputs, labels, extra) -> torch.Ten
         pred = model(inputs, **extra)
         out = row_logps(pred, labels)[0].detach()
         del pred
+    for sub in model.modules():  # FSDP keeps the root and last block gathered after a forward: not a frozen model's
+        if isinstance(sub, FSDPModule):
+            sub.reshard()
     return out
 
 
