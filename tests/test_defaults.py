@@ -36,6 +36,7 @@ NEEDS: dict[str, dict[str, Any]] = {
     "data/local": {"data.path": str(CORPUS_DIR / "train.jsonl")},  # required (??? in the file)
     "data/hf": {"data.files": str(CORPUS_DIR / "train.jsonl")},  # a dataset by name or files: one of them
     "kernels/nki_moe": {"model.flavor": "tiny_moe"},  # replaces MoE experts: an MoE model is required
+    "data/mix": {"data.sources": {"corpus": {"source": "bundled"}}},  # a mixture names its sources
 }
 """Values an option needs besides its own to make a valid experiment (as in test_conf.py)."""
 
@@ -164,13 +165,20 @@ def test_schema_keys_are_set_without_plus_and_a_typo_is_refused():
     assert problem.key == "platform.gpus_per_nod" and "platform.gpus_per_node" in str(problem)
 
 
+def _override(value: Any) -> str:
+    """A value as a command-line override writes it (a mapping in Hydra's flow style)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_override(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
 @pytest.mark.parametrize("group,option", _group_files(), ids=lambda x: str(x))
 def test_python_and_the_command_line_get_the_same_experiment(group, option):
     """With no experiment file, the composed option is the option's own keys on the schema's
     defaults: what `Experiment(...)` from Python gives for the same keys."""
     needs = NEEDS.get(f"{group}/{option}", {})
     composed = validate_experiment(
-        compose("~experiment", "name=x", f"{group}={option}", *(f"{k}={v}" for k, v in needs.items()))
+        compose("~experiment", "name=x", f"{group}={option}", *(f"{k}={_override(v)}" for k, v in needs.items()))
     )
     own = yaml.safe_load((CONF / group / f"{option}.yaml").read_text()) or {}
     own.pop("defaults", None)
