@@ -126,6 +126,26 @@ def test_the_plan_names_the_reference_and_the_precompute_pass(tmp_path, models, 
     assert "precompute:" not in text
 
 
+def test_the_native_reference_builds_its_attention_masks_beside_a_model_hf_policy():
+    """model=hf's trainer builds no attention masks (the backend builds its own in its forward), so the
+    native reference builds them as torchtitan's trainer does for a native policy (masked attention:
+    the document mask of the positions); masks the trainer built are kept, the causal path gets none."""
+    from qwen3exp.config.flavors import FLAVORS
+    from qwen3exp.titan.attention import positions_mask
+    from qwen3exp.titan.model import qwen3_model_config
+    from qwen3exp.titan.reference_logps import own_kwargs
+
+    positions = torch.arange(4).repeat(2, 2)  # two rows of two documents each
+    hf_extra = {"positions": positions}  # what post_dataloading_process gives a model=hf policy
+    with torch.device("meta"):
+        masked = qwen3_model_config(FLAVORS["tiny"], attention="sdpa").build()
+        causal = qwen3_model_config(FLAVORS["tiny"], attention="sdpa", causal=True).build()
+    got = own_kwargs(masked, hf_extra)
+    assert torch.equal(got["attention_masks"], positions_mask(positions)) and got["positions"] is positions
+    native_extra = {"positions": positions, "attention_masks": object()}
+    assert own_kwargs(masked, native_extra) is native_extra and own_kwargs(causal, hf_extra) is hf_extra
+
+
 def logps_here(folders: list[str], rows, masks):
     """transformers' (sum, count) of each row per folder (`test_preference.pair_logps_here`)."""
     from test_preference import pair_logps_here
