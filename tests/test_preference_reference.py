@@ -1,5 +1,5 @@
 """DPO's reference (issue 40): a separate model (objective.reference) and precomputed log-probs
-(objective.reference_logps=precomputed), on model=native.
+(objective.reference_logps=precomputed), on model=native (and live on model=hf).
 
 - a reference that is not there, or whose tokenizer or vocabulary is not the policy's, exits 2 before
   any worker, naming objective.reference (the plan's own checks, and the command line once);
@@ -7,8 +7,9 @@
 - must show: with a separate reference (another architecture: 3 layers, untied, another seed; the
   policy's tokenizer), the step-1 loss and reward_margin of the fixed pair (a system message and a
   multi-turn prompt) equal the DPO formula on transformers' log-probs of the policy and of the
-  reference; precomputed reference log-probs give the same step and validation losses as the live
-  reference, the stored file exists and no reference model is built for training; the starting
+  reference, on both backends (model=hf: the native reference beside the Transformers policy);
+  precomputed reference log-probs give the same step and validation losses as the live reference,
+  the stored file exists and no reference model is built for training; the starting
   weights of a full fine-tune as a precomputed reference, on 2 ranks (FSDP), give step 1 = ln 2, and
   a run that fails at step 3 resumes from its dcp checkpoint reading the stored log-probs (the
   resumed losses equal the uninterrupted run's bit for bit: checked by hand, not repeated here).
@@ -125,6 +126,26 @@ def test_the_plan_names_the_reference_and_the_precompute_pass(tmp_path, models, 
     assert "precompute:" not in text
 
 
+def test_the_native_reference_builds_its_attention_masks_beside_a_model_hf_policy():
+    """model=hf's trainer builds no attention masks (the backend builds its own in its forward), so the
+    native reference builds them as torchtitan's trainer does for a native policy (masked attention:
+    the document mask of the positions); masks the trainer built are kept, the causal path gets none."""
+    from qwen3exp.config.flavors import FLAVORS
+    from qwen3exp.titan.attention import positions_mask
+    from qwen3exp.titan.model import qwen3_model_config
+    from qwen3exp.titan.reference_logps import own_kwargs
+
+    positions = torch.arange(4).repeat(2, 2)  # two rows of two documents each
+    hf_extra = {"positions": positions}  # what post_dataloading_process gives a model=hf policy
+    with torch.device("meta"):
+        masked = qwen3_model_config(FLAVORS["tiny"], attention="sdpa").build()
+        causal = qwen3_model_config(FLAVORS["tiny"], attention="sdpa", causal=True).build()
+    got = own_kwargs(masked, hf_extra)
+    assert torch.equal(got["attention_masks"], positions_mask(positions)) and got["positions"] is positions
+    native_extra = {"positions": positions, "attention_masks": object()}
+    assert own_kwargs(masked, native_extra) is native_extra and own_kwargs(causal, hf_extra) is hf_extra
+
+
 def logps_here(folders: list[str], rows, masks):
     """transformers' (sum, count) of each row per folder (`test_preference.pair_logps_here`)."""
     from test_preference import pair_logps_here
@@ -132,10 +153,10 @@ def logps_here(folders: list[str], rows, masks):
     return pair_logps_here(folders, rows, masks)
 
 
-def train(tmp_path, name: str, policy, *overrides: str, ranks: int = 1, env: dict | None = None):
+def train(tmp_path, name: str, policy, *overrides: str, ranks: int = 1, env: dict | None = None, hf: bool = False):
     run = tmp_path / name
     r = run_cli(
-        "experiment=tiny_dpo", "peft=none", "model.flavor=auto", f"model.hf_assets_path={policy}",
+        "experiment=tiny_dpo", "peft=none", "model=hf" if hf else "model.flavor=auto", f"model.hf_assets_path={policy}",
         "checkpoint.load=hf", f"data.path={tmp_path / 'pairs.jsonl'}", "platform=cpu", "platform.threads_per_rank=1",
         f"launcher.nproc_per_node={ranks}", f"training.seq_len={SEQ_LEN}", "training.local_batch_size=2",
         "training.warmup_steps=1", "training.lr=0.05", "metrics.tensorboard=false", *overrides,
@@ -145,7 +166,7 @@ def train(tmp_path, name: str, policy, *overrides: str, ranks: int = 1, env: dic
     return run, r.stdout
 
 
-@pytest.mark.slow  # trains: 4 short runs of the tiny model (2 on 2 ranks), transformers in a fresh process
+@pytest.mark.slow  # trains: 5 short runs of the tiny model (2 on 2 ranks, 1 model=hf), transformers in a subprocess
 def test_a_separate_reference_live_and_precomputed(tmp_path, models):
     policy, ref, _, _ = models
     (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PAIRS + HELD_OUT))
@@ -164,6 +185,14 @@ def test_a_separate_reference_live_and_precomputed(tmp_path, models):
     diff = max(abs(step1["loss"] - loss), abs(step1["reward_margin"] - margin))
     print(f"separate reference, step 1: loss {step1['loss']:.6f} (formula {loss:.6f}), max abs diff {diff:.2e}")
     assert abs(loss - math.log(2)) > 0.01 and diff < 1e-4, (step1, loss, margin)  # not the policy: 0.03 off ln 2
+    # model=hf: the Transformers backend's policy beside the native reference (one step: pair 0).
+    hf, _ = train(tmp_path, "hf", policy, "training.steps=1", f"{KEY}={ref}", "validation.enable=false", hf=True)
+    step1 = read_metrics(hf)[0]
+    diff = max(abs(step1["loss"] - loss), abs(step1["reward_margin"] - margin))
+    print(
+        f"separate reference, model=hf, step 1: loss {step1['loss']:.6f} (formula {loss:.6f}), max abs diff {diff:.2e}"
+    )
+    assert diff < 1e-4, (step1, loss, margin)
 
     table = torch.load(stored / "reference_logps" / "train.pt", weights_only=True)["logps"]
     want = torch.tensor([[reference[0][0], reference[1][0]], [reference[2][0], reference[3][0]]])

@@ -117,17 +117,15 @@ def problems(objective, data, training, exp=None) -> list[Problem]:
 
 def not_yet(exp) -> list[Problem]:
     """What preference training does not support yet (issue 40's later slices), refused rather than
-    run wrongly: pipeline, tensor, context and expert parallelism (on either backend); a separate
-    reference on model=hf; precomputed reference log-probs of a mixture."""
+    run wrongly: pipeline, tensor, context and expert parallelism (on either backend); precomputed
+    reference log-probs of a mixture. A separate reference (objective.reference) runs on both
+    backends: a native model beside either policy (`qwen3exp.titan.reference_load`)."""
     kind, out = exp.objective.kind, []
     later = "not implemented yet for preference objectives"
     for key in ("pp", "tp", "cp", "ep"):
         if getattr(exp.parallelism, key) != 1:
             value = getattr(exp.parallelism, key)
             out.append(Problem(f"parallelism.{key}", value, f"objective={kind}: {later}", "1 (FSDP only)"))
-    if getattr(exp.objective, "reference", None) is not None and exp.model.backend == "hf":
-        why = f"objective={kind}: a separate reference model is not implemented yet on model=hf"
-        out.append(Problem("objective.reference", exp.objective.reference, why, "null, or model=native"))
     if getattr(exp.objective, "reference_logps", "live") == "precomputed" and exp.data.source == "mix":
         why = f"objective={kind}: precomputed reference log-probs are not implemented yet for data=mix"
         out.append(Problem("objective.reference_logps", "precomputed", why, "live"))

@@ -28,6 +28,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
+from torchtitan.models.common.attention import FlexAttention, VarlenAttention
+from torchtitan.models.common.decoder import Decoder
 from torchtitan.tools.logging import logger
 
 from qwen3exp.run import rundir
@@ -46,13 +48,31 @@ def path(run_dir: str | Path, part: str) -> Path:
 def forward(trainer, model: torch.nn.Module, inputs, labels, extra) -> torch.Tensor:
     """`model`'s summed log-prob of each row's counted labels, without gradients."""
     with torch.no_grad(), trainer.train_context():
-        pred = model(inputs, **extra)
+        pred = model(inputs, **own_kwargs(model, extra))
         out = row_logps(pred, labels)[0].detach()
         del pred
     for sub in model.modules():  # FSDP keeps the root and last block gathered after a forward: not a frozen model's
         if isinstance(sub, FSDPModule):
             sub.reshard()
     return out
+
+
+def own_kwargs(model: torch.nn.Module, extra: dict) -> dict:
+    """The forward kwargs of `model` (the native reference, or the policy itself) from the policy's:
+    torchtitan's trainer builds attention masks for native models with flex or varlen attention only
+    (`Trainer.post_dataloading_process`), so beside a model=hf policy (whose backend builds its own
+    inside its forward) the native reference gets none: they are built here from the positions as
+    the trainer builds them for a native policy. Otherwise (masks given, SDPA, no positions, a
+    model=hf model) `extra` unchanged."""
+    positions = extra.get("positions")
+    config = getattr(model, "config", None)
+    if "attention_masks" in extra or positions is None or not isinstance(config, Decoder.Config):
+        return extra
+    if not isinstance(
+        getattr(config.first_attention, "inner_attention", None), (FlexAttention.Config, VarlenAttention.Config)
+    ):
+        return extra
+    return {**extra, "attention_masks": model.get_attention_masks(positions=positions)}
 
 
 def of_rows(trainer, inputs, labels, extra, pairs: torch.Tensor | None, part: str) -> torch.Tensor:

@@ -32,7 +32,7 @@ class DpoObjective(Strict):
     the adapters switched off, so no second model is held; a full fine-tune keeps a frozen copy of
     the trainable weights, sharded like them). Else a model folder or a Hub id in the local Hugging
     Face cache (as checkpoint.path): a Qwen3 model of its own architecture, loaded frozen and sharded
-    like the policy (model=native), with the policy's tokenizer and vocabulary."""
+    like the policy (a torchtitan model on either backend), with the policy's tokenizer and vocabulary."""
     reference_logps: Literal["live", "precomputed"] = "live"
     """live: the reference's log-probs of each batch are computed in the step that trains on it (the
     reference is held during training). precomputed: before step 1 a first pass over the training
