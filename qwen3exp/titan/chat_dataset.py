@@ -131,7 +131,46 @@ class ChatDataset(IterableDataset, Stateful):
         self._sample_idx, self._epoch = state_dict["sample_idx"], state_dict["epoch"]
 
 
-class ChatDataLoader(ParallelAwareDataloader):
+class OwnDataLoader(ParallelAwareDataloader):
+    """torchtitan's dataloader over one of qwen3exp's own datasets, built from the loader's config by
+    `build_dataset`: conversations (below), pairs (`preference_dataset`), mixtures (`mixture_dataset`)."""
+
+    dataset: type
+    """The IterableDataset class this loader reads."""
+
+    def __init__(
+        self,
+        config,
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        tokenizer=None,
+        seq_len: int,
+        local_batch_size: int,
+        snapshot_every_n_steps: int | None = 1,
+        **kwargs,
+    ):
+        ds = self.build_dataset(
+            config, tokenizer=tokenizer, seq_len=seq_len, dp_rank=dp_rank, dp_world_size=dp_world_size
+        )
+        super().__init__(
+            ds,
+            dp_rank=dp_rank,
+            dp_world_size=dp_world_size,
+            num_workers=config.num_workers,
+            persistent_workers=config.persistent_workers,
+            pin_memory=config.pin_memory,
+            prefetch_factor=config.prefetch_factor,
+            snapshot_every_n_steps=snapshot_every_n_steps,
+            batch_size=local_batch_size,
+        )
+
+    def build_dataset(self, config, *, tokenizer, seq_len: int, dp_rank: int, dp_world_size: int):
+        """The dataset of this rank (the tokenizer: torchtitan's, unused by datasets that render their own)."""
+        return self.dataset(config, seq_len=seq_len, dp_rank=dp_rank, dp_world_size=dp_world_size)
+
+
+class ChatDataLoader(OwnDataLoader):
     """torchtitan's dataloader over `ChatDataset` (built by the trainer and by the validator)."""
 
     @dataclass(kw_only=True, slots=True)
@@ -152,32 +191,6 @@ class ChatDataLoader(ParallelAwareDataloader):
         infinite: bool = True
 
     dataset: type = ChatDataset
-    """The IterableDataset class this loader reads (a subclass names its own)."""
-
-    def __init__(
-        self,
-        config: Config,
-        *,
-        dp_world_size: int,
-        dp_rank: int,
-        tokenizer=None,
-        seq_len: int,
-        local_batch_size: int,
-        snapshot_every_n_steps: int | None = 1,
-        **kwargs,
-    ):
-        ds = self.dataset(config, seq_len=seq_len, dp_rank=dp_rank, dp_world_size=dp_world_size)
-        super().__init__(
-            ds,
-            dp_rank=dp_rank,
-            dp_world_size=dp_world_size,
-            num_workers=config.num_workers,
-            persistent_workers=config.persistent_workers,
-            pin_memory=config.pin_memory,
-            prefetch_factor=config.prefetch_factor,
-            snapshot_every_n_steps=snapshot_every_n_steps,
-            batch_size=local_batch_size,
-        )
 
 
 def loader_config(exp, tokenizer_path: str, *, validation: bool) -> ChatDataLoader.Config:

@@ -31,7 +31,7 @@ from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataset
 
 from qwen3exp.data.mixture import Blend
 from qwen3exp.titan import data_tokens
-from qwen3exp.titan.chat_dataset import ChatDataLoader, ChatDataset
+from qwen3exp.titan.chat_dataset import ChatDataLoader, ChatDataset, OwnDataLoader
 from qwen3exp.titan.preference_dataset import PreferenceDataLoader, PreferenceDataset
 
 
@@ -134,7 +134,7 @@ class MixtureDataset(IterableDataset, Stateful):
         self._iters = [None] * len(self.sources)  # the children continue from their loaded state
 
 
-class MixtureDataLoader(ParallelAwareDataloader):
+class MixtureDataLoader(OwnDataLoader):
     """torchtitan's dataloader over `MixtureDataset` (built by the trainer)."""
 
     @dataclass(kw_only=True, slots=True)
@@ -146,27 +146,7 @@ class MixtureDataLoader(ParallelAwareDataloader):
         record_every: int = 1
         """Samples between two writes of the counts (training.local_batch_size)."""
 
-    def __init__(
-        self,
-        config: Config,
-        *,
-        dp_world_size: int,
-        dp_rank: int,
-        tokenizer=None,
-        seq_len: int,
-        local_batch_size: int,
-        snapshot_every_n_steps: int | None = 1,
-        **kwargs,
-    ):
-        ds = MixtureDataset(config, tokenizer=tokenizer, seq_len=seq_len, dp_rank=dp_rank, dp_world_size=dp_world_size)
-        super().__init__(
-            ds,
-            dp_rank=dp_rank,
-            dp_world_size=dp_world_size,
-            num_workers=config.num_workers,
-            persistent_workers=config.persistent_workers,
-            pin_memory=config.pin_memory,
-            prefetch_factor=config.prefetch_factor,
-            snapshot_every_n_steps=snapshot_every_n_steps,
-            batch_size=local_batch_size,
+    def build_dataset(self, config, *, tokenizer, seq_len: int, dp_rank: int, dp_world_size: int):
+        return MixtureDataset(
+            config, tokenizer=tokenizer, seq_len=seq_len, dp_rank=dp_rank, dp_world_size=dp_world_size
         )

@@ -113,8 +113,7 @@ def _file_rows(path: Path, builder: str) -> Iterator[tuple[int, str | dict[str, 
 
 
 def _arrow_rows(path: Path, parquet: bool) -> Iterator[dict[str, Any]]:
-    import pyarrow as pa  # type: ignore[import-untyped]  # lazy: from datasets; parquet/arrow files only
-    import pyarrow.parquet as pq  # type: ignore[import-untyped]  # lazy: the same
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]  # lazy: from datasets; parquet files only
 
     if parquet:
         pf = pq.ParquetFile(path)
@@ -122,14 +121,8 @@ def _arrow_rows(path: Path, parquet: bool) -> Iterator[dict[str, Any]]:
         for batch in pf.iter_batches(batch_size=256, columns=wanted):
             yield from batch.to_pylist()
         return
-    with pa.memory_map(str(path)) as source:
-        try:
-            batches = list(pa.ipc.open_stream(source))  # datasets writes the stream format
-        except pa.ArrowInvalid:
-            reader = pa.ipc.open_file(source)
-            batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
-        for batch in batches:
-            yield from batch.to_pylist()
+    for batch in hf_source.arrow_batches(path):
+        yield from batch.to_pylist()
 
 
 def _pair_of_row(row: dict[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from qwen3exp.data.files import COUNT_BYTES, fraction_problems
 from qwen3exp.data.records import READ_BYTES, check_json
+from qwen3exp.data.text import hf_source
 from qwen3exp.data.text.hf_source import HFSource, resolve
 from qwen3exp.errors import Problem, did_you_mean
 
@@ -112,8 +113,7 @@ def _read(path: Path, builder: str, field: str, *, first: bool) -> tuple[Head | 
 
 
 def _arrow_head(path: Path, field: str, *, parquet: bool) -> Head:
-    import pyarrow as pa  # type: ignore[import-untyped]  # lazy: from datasets; data=hf parquet/arrow only
-    import pyarrow.parquet as pq  # type: ignore[import-untyped]  # lazy: the same
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]  # lazy: from datasets; data=hf parquet only
 
     if parquet:
         pf = pq.ParquetFile(path)
@@ -122,15 +122,10 @@ def _arrow_head(path: Path, field: str, *, parquet: bool) -> Head:
         if field in columns and rows:
             texts = next(pf.iter_batches(batch_size=MAX_ROWS, columns=[field])).column(0).to_pylist()
         return Head(columns, texts, rows, rows)
-    with pa.memory_map(str(path)) as source:
-        try:
-            batches = list(pa.ipc.open_stream(source))  # datasets writes the stream format
-        except pa.ArrowInvalid:
-            reader = pa.ipc.open_file(source)
-            batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
-        columns = batches[0].schema.names if batches else []
-        rows = sum(b.num_rows for b in batches)
-        texts = batches[0].column(field).to_pylist()[:MAX_ROWS] if batches and field in columns else []
+    batches = hf_source.arrow_batches(path)
+    columns = batches[0].schema.names if batches else []
+    rows = sum(b.num_rows for b in batches)
+    texts = batches[0].column(field).to_pylist()[:MAX_ROWS] if batches and field in columns else []
     return Head(columns, texts, rows, rows)
 
 

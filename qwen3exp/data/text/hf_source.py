@@ -278,3 +278,15 @@ def _has_keyword(rel: str, keywords: tuple[str, ...]) -> bool:
         if any(re.fullmatch(rf"(.*{_SEP})?{kw}({_SEP}.*)?", d) for d in dirs):
             return True
     return False
+
+
+def arrow_batches(path: Path) -> list:
+    """The record batches of an .arrow file, in the stream format `datasets` writes or the file format."""
+    import pyarrow as pa  # type: ignore[import-untyped]  # lazy: from datasets; arrow files only
+
+    source = pa.memory_map(str(path))  # not closed here: the batches read from the mapping (freed with them)
+    try:
+        return list(pa.ipc.open_stream(source))
+    except pa.ArrowInvalid:
+        reader = pa.ipc.open_file(source)
+        return [reader.get_batch(i) for i in range(reader.num_record_batches)]
