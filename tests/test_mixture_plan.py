@@ -186,6 +186,8 @@ def test_the_dry_run_prints_each_source():
     assert "weight 0.7 (data.sources.corpus.weight=0.7, normalised)" in out
     assert "plain text and conversations in one run: plain text trains every token, a conversation" in out
     assert "--- sample 1: source corpus (bundled): document 1" in out
+    # Validation is per source (not "the training documents"): each source's own held-out records.
+    assert "validation: 2 batch(es) per source at step(s) 1, 10, 20, 30; each source's 10% held out" in out
 
 
 def test_data_show_names_each_samples_source():

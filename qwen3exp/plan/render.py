@@ -274,12 +274,11 @@ def validation_line(exp) -> str:
     count = len(multiples) + (1 not in multiples) + (steps not in multiples)
     at = sorted({1, steps, *multiples[:8]})
     shown = ", ".join(map(str, at)) if count <= 8 else f"{', '.join(map(str, at[:6]))}, ..., {steps}"
-    source = (
-        f"{v.path} (validation.path; training reads all of its data)"
-        if v.path is not None
-        else f"{v.fraction:.0%} of the training documents held out (validation.fraction; the same ones every "
-        "run, never trained on)"
-    )
+    if exp.data.source == "mix":  # each source alone (`qwen3exp.titan.mixture_validator`)
+        held = f"each source's {v.fraction:.0%} held out, or its validation_path: val_loss_<source>, val_loss"
+        return f"{v.steps} batch(es) per source at step(s) {shown}; {held} (their token-weighted mean)"
+    source = f"{v.fraction:.0%} of the training documents held out (validation.fraction; the same ones every run"
+    source = f"{v.path} (validation.path; training reads all of its data)" if v.path else f"{source}, never trained on)"
     return f"{v.steps} batch(es) at step(s) {shown}; {source}"
 
 
