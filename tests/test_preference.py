@@ -131,17 +131,21 @@ def pair_logps_here(folders: list[str], rows: list[list[int]], masks: list[list[
     import torch
     from transformers import AutoModelForCausalLM
 
+    load = AutoModelForCausalLM.from_pretrained
+    return [logps_of(load(folder, dtype=torch.float32).eval(), rows, masks) for folder in folders]
+
+
+def logps_of(model, rows: list[list[int]], masks: list[list[bool]]) -> list[list[float]]:
+    """(summed log-prob of each row's counted tokens, their count) under a transformers model."""
+    import torch
+
     out = []
-    for folder in folders:
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-        sums = []
-        for ids, mask in zip(rows, masks, strict=True):
-            with torch.no_grad():
-                logits = model(input_ids=torch.tensor([ids[:-1]])).logits[0].float()
-            logp = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
-            on = torch.tensor(mask[1:])
-            sums.append([float((logp * on).sum()), float(on.sum())])
-        out.append(sums)
+    for ids, mask in zip(rows, masks, strict=True):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids[:-1]])).logits[0].float()
+        logp = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+        on = torch.tensor(mask[1:])
+        out.append([float((logp * on).sum()), float(on.sum())])
     return out
 
 

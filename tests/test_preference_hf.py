@@ -28,7 +28,7 @@ from qwen3exp.assets import TOKENIZER_DIR
 from qwen3exp.config.schema import validate_experiment
 from qwen3exp.data.chat.render import load_tokenizer
 from qwen3exp.data.preference.pairs import pair_of, render_pair
-from test_preference import PAIRS, SEQ_LEN, mean_formula
+from test_preference import PAIRS, SEQ_LEN, logps_of, mean_formula
 
 
 def test_model_hf_plans_a_pair_objective_and_still_refuses_tensor_parallelism(tmp_path):
@@ -51,20 +51,6 @@ def test_model_hf_plans_a_pair_objective_and_still_refuses_tensor_parallelism(tm
         make_plan(validate_experiment(compose(*hf, "peft=none", "objective=orpo", "parallelism.tp=2")), tmp_path / "r")
     assert [p.key for p in e.value.problems] == ["parallelism.tp"], e.value.problems
     assert "not implemented yet for preference objectives" in e.value.problems[0].message
-
-
-def logps_of(model, rows: list[list[int]], masks: list[list[bool]]) -> list[list[float]]:
-    """(summed log-prob of each row's counted tokens, their count) under a transformers model."""
-    import torch
-
-    out = []
-    for ids, mask in zip(rows, masks, strict=True):
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor([ids[:-1]])).logits[0].float()
-        logp = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
-        on = torch.tensor(mask[1:])
-        out.append([float((logp * on).sum()), float(on.sum())])
-    return out
 
 
 def references_here(base: str, full: str, adapter: str, merged: str, rows, masks) -> list:
