@@ -89,6 +89,18 @@ def test_a_sweep_over_a_source_that_does_not_exist_is_refused():
     assert "data.sources.nope.weight = '0.2': source 'nope' does not exist: the sources are corpus, chats" in err
 
 
+def test_plain_text_sources_with_different_separators_are_refused_before_launch(tmp_path):
+    """One tokenizer appends one eos_id to every text document: a second separator would be
+    dropped. Compared as resolved (null: the tokenizer's <|endoftext|>, which equals it spelled out)."""
+    web = tmp_path / "web.jsonl"
+    web.write_text("".join(json.dumps({"text": f"document {i} " * 20}) + "\n" for i in range(40)))
+    source = f"{{source: local, path: {web}, weight: 0.2, eos: '%s'}}"
+    err = refused(*MIX, "+data.sources.web=" + source % "<|im_end|>")
+    assert "  data.sources.web.eos = '<|im_end|>': ends its documents with <|im_end|>, and source corpus" in err
+    r = run_cli(*MIX, "+data.sources.web=" + source % "<|endoftext|>")
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
 def test_bare_data_mix_asks_for_its_sources():
     err = refused("data=mix", "dry_run=true")
     assert "data.sources = (missing)" in err

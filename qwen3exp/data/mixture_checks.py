@@ -2,7 +2,8 @@
 
 Each source is checked by its kind's own checks on its view (`mixture_views`), the problems named
 by the mixture's keys. The mixture adds: the objective trains the source's kind (sft: text and
-conversations; dpo, orpo, simpo: preference pairs only); no two sources read the same files;
+conversations; dpo, orpo, simpo: preference pairs only); no two sources read the same files; the
+plain-text sources end their documents with one separator (resolved: null is the tokenizer's own);
 validation.path is the sources' own (`data.sources.<name>.validation_path`); and, once the plan has
 counted the sources (`mixture_figures`), a source read more than its `max_epochs` with
 over_max_epochs=refuse. Weights (>= 0, not all 0) and source names are the schema's
@@ -39,7 +40,7 @@ def problems(exp, folder: Path | None, ranks: int | None = None) -> list[Problem
     for n, v in views(exp).items():
         wrong = _kind_problems(exp, n, v.data)
         out += wrong or rekeyed(_source_problems(v, folder, ranks), n)
-    out += _same_files(exp)
+    out += _same_files(exp) + _separators(exp, folder)
     return list({(p.key, p.message): p for p in out}.values())  # one source's checks may repeat one
 
 
@@ -67,6 +68,18 @@ def _kind_problems(exp, name: str, d) -> list[Problem]:
         hint = "objective=dpo, orpo or simpo with preference sources only"
         return [Problem(f"data.sources.{name}.source", d.source, why, f"{TEXT_KINDS} with objective={objective}", hint)]
     return []
+
+
+def _separators(exp, folder: Path | None) -> list[Problem]:
+    """The plain-text sources end their documents with different tokens: one tokenizer appends one."""
+    resolved = {n: data_figures.separator(s, folder) for n, s in exp.data.sources.items() if s.weight > 0}
+    seps = {n: sep for n, sep in resolved.items() if sep is not None}
+    if len(set(seps.values())) < 2:
+        return []
+    (first, sep), *rest = seps.items()
+    name, other = next((n, x) for n, x in rest if x != sep)
+    why = f"ends its documents with {other[0]}, and source {first} with {sep[0]}: the run's tokenizer appends one"
+    return [Problem(f"data.sources.{name}.eos", exp.data.sources[name].eos, why, f"{sep[0]} (as source {first})")]
 
 
 def _validation_path(exp) -> list[Problem]:

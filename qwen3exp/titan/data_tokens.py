@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 from qwen3exp.run import rundir
@@ -47,7 +46,8 @@ class Record:
 
 def clear(run_dir: Path) -> None:
     """Before a launch that starts from step 1: an earlier launch's counts say nothing about it."""
-    shutil.rmtree(folder(run_dir), ignore_errors=True)
+    for f in folder(run_dir).glob("rank*.json"):  # the ranks' own files only (`Counts`)
+        f.unlink(missing_ok=True)
 
 
 def summary_fields(run_dir: Path) -> dict:
